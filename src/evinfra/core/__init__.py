@@ -1,0 +1,1 @@
+"""The pure policy core: types, blocks, KV pools, node schedulers. No clock, no I/O."""

@@ -1,0 +1,114 @@
+"""Eviction strategies for a KV pool: which evictable (cached, unreferenced) block goes next.
+
+A strategy only orders blocks; the pool owns them. LRU needs no scores: blocks enter in the
+order they should leave, and a sequence frees its blocks tail first, so its tail goes first.
+Score-based strategies (the agent-aware KV manager's) pop the lowest score from a heap with
+lazy deletion, and accept new scores when the signals behind them change.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Protocol
+
+
+class EvictionPolicy(Protocol):
+    def add(self, block_id: int, block_hash: int) -> None:
+        """Mark a block evictable; it becomes a candidate. Mutates the strategy only."""
+
+    def remove(self, block_id: int) -> None:
+        """Take a block out of the candidates (it was hit or freed outright)."""
+
+    def pop(self) -> int | None:
+        """Remove and return the next victim, or None when there is none."""
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, block_id: object) -> bool: ...
+
+
+class LRUEviction:
+    """Least recently freed goes first; ties follow the order of `add` calls."""
+
+    def __init__(self) -> None:
+        self._order: OrderedDict[int, None] = OrderedDict()
+
+    def add(self, block_id: int, block_hash: int) -> None:
+        self._order[block_id] = None
+
+    def remove(self, block_id: int) -> None:
+        self._order.pop(block_id, None)
+
+    def pop(self) -> int | None:
+        if not self._order:
+            return None
+        block_id, _ = self._order.popitem(last=False)
+        return block_id
+
+    def order(self) -> list[int]:
+        """The current eviction order, first victim first (for tests and debugging)."""
+        return list(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._order
+
+
+BlockScorer = Callable[[int], float]
+"""Maps a block hash to a keep-score: the lowest score is evicted first."""
+
+
+class ScoredEviction:
+    """Lowest score first; equal scores in the order they were added (LRU among equals).
+
+    `scorer` is read when a block is added; `rescore` re-reads it for blocks whose
+    signals changed (a session went to a tool, came back, finished).
+    """
+
+    def __init__(self, scorer: BlockScorer) -> None:
+        self._scorer = scorer
+        self._heap: list[tuple[float, int, int]] = []
+        self._live: dict[int, tuple[float, int]] = {}
+        self._hash_of: dict[int, int] = {}
+        self._seq = 0
+
+    def add(self, block_id: int, block_hash: int) -> None:
+        self._hash_of[block_id] = block_hash
+        self._push(block_id, self._scorer(block_hash))
+
+    def _push(self, block_id: int, score: float) -> None:
+        self._seq += 1
+        self._live[block_id] = (score, self._seq)
+        heapq.heappush(self._heap, (score, self._seq, block_id))
+
+    def rescore(self, block_ids: list[int]) -> None:
+        for block_id in block_ids:
+            if block_id in self._live:
+                old_seq = self._live[block_id][1]
+                score = self._scorer(self._hash_of[block_id])
+                # keep the LRU position among equals: reuse the old sequence number
+                self._live[block_id] = (score, old_seq)
+                heapq.heappush(self._heap, (score, old_seq, block_id))
+
+    def remove(self, block_id: int) -> None:
+        self._live.pop(block_id, None)
+        self._hash_of.pop(block_id, None)
+
+    def pop(self) -> int | None:
+        while self._heap:
+            score, seq, block_id = heapq.heappop(self._heap)
+            if self._live.get(block_id) == (score, seq):
+                del self._live[block_id]
+                del self._hash_of[block_id]
+                return block_id
+        return None
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._live

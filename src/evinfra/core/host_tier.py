@@ -1,0 +1,68 @@
+"""The host-memory KV tier: copies of blocks by hash, LRU, no reference counts.
+
+Blocks here are never computed on; a hit is onboarded into the device tier by the
+scheduler (which charges its transfer time).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+class HostTier:
+    def __init__(self, capacity_blocks: int) -> None:
+        if capacity_blocks < 0:
+            raise ValueError(f"capacity_blocks must be >= 0, got {capacity_blocks}")
+        self.capacity_blocks = capacity_blocks
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self.num_offloaded = 0
+        self.num_evicted = 0
+
+    def __contains__(self, block_hash: object) -> bool:
+        return block_hash in self._lru
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def store(self, block_hash: int) -> None:
+        """Copy a block in (or refresh it). Evicts the least recently used when full."""
+        if self.capacity_blocks == 0:
+            return
+        if block_hash in self._lru:
+            self._lru.move_to_end(block_hash)
+            return
+        while len(self._lru) >= self.capacity_blocks:
+            self._lru.popitem(last=False)
+            self.num_evicted += 1
+        self._lru[block_hash] = None
+        self.num_offloaded += 1
+
+    def touch(self, hashes: Sequence[int]) -> None:
+        for h in hashes:
+            if h in self._lru:
+                self._lru.move_to_end(h)
+
+    def drop(self, hashes: Sequence[int]) -> int:
+        """Forget dead blocks now; returns how many were held."""
+        n = 0
+        for h in hashes:
+            if self._lru.pop(h, 0) is None:
+                n += 1
+        return n
+
+    def clear(self) -> None:
+        self._lru.clear()
+
+    def count_run(self, hashes: Sequence[int], start: int) -> int:
+        """How many consecutive hashes from `start` on are held here."""
+        n = 0
+        for h in hashes[start:]:
+            if h not in self._lru:
+                break
+            n += 1
+        return n
+
+    def check_integrity(self) -> None:
+        if len(self._lru) > self.capacity_blocks:
+            raise AssertionError(f"host tier holds {len(self._lru)} > {self.capacity_blocks}")

@@ -1,0 +1,240 @@
+"""A node's paged KV pool: a device tier of blocks with reference counts and a prefix
+index, and an optional host tier.
+
+Every device block is in exactly one state: free (no content), evictable (cached content,
+no reader: a candidate for the eviction strategy) or in use (ref count > 0, cached or
+not). `try_allocate` takes free blocks first and then evicts; an evicted block's content
+is offloaded to the host tier when there is one. Block ids double as slots in a real
+executor's KV tensor, so the servers use this same pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from evinfra.core.eviction import EvictionPolicy, LRUEviction
+from evinfra.core.host_tier import HostTier
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """Leading blocks of a hash list held on this node: first on device, then on host."""
+
+    num_device_blocks: int
+    num_host_blocks: int
+
+    @property
+    def num_blocks(self) -> int:
+        return self.num_device_blocks + self.num_host_blocks
+
+
+class KVPool:
+    def __init__(
+        self,
+        num_device_blocks: int,
+        num_host_blocks: int = 0,
+        eviction: EvictionPolicy | None = None,
+        offload_on_evict: bool = True,
+    ) -> None:
+        if num_device_blocks <= 0:
+            raise ValueError(f"num_device_blocks must be > 0, got {num_device_blocks}")
+        self.num_device_blocks = num_device_blocks
+        self.host = HostTier(num_host_blocks)
+        self.eviction: EvictionPolicy = eviction if eviction is not None else LRUEviction()
+        self.offload_on_evict = offload_on_evict
+        self._ref = [0] * num_device_blocks
+        self._hash: list[int | None] = [None] * num_device_blocks
+        self._index: dict[int, int] = {}
+        # popped from the end: the lowest ids are handed out first
+        self._free: list[int] = list(range(num_device_blocks - 1, -1, -1))
+        self._num_in_use = 0
+        self.num_evicted_blocks = 0
+        self.num_dropped_blocks = 0
+
+    # -- queries ---------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can take now: empty ones plus evictable cached ones."""
+        return len(self._free) + len(self.eviction)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self._num_in_use
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._index)
+
+    def usage(self) -> float:
+        return self._num_in_use / self.num_device_blocks
+
+    def can_allocate(self, num_blocks: int) -> bool:
+        return num_blocks <= self.num_free_blocks
+
+    def match_prefix(self, hashes: Sequence[int]) -> PrefixMatch:
+        n = 0
+        for h in hashes:
+            if h not in self._index:
+                break
+            n += 1
+        return PrefixMatch(n, self.host.count_run(hashes, n))
+
+    def holds(self, block_hash: int) -> bool:
+        return block_hash in self._index
+
+    def block_of(self, block_hash: int) -> int | None:
+        return self._index.get(block_hash)
+
+    def hash_of(self, block_id: int) -> int | None:
+        return self._hash[block_id]
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref[block_id]
+
+    def cached_hashes(self) -> list[int]:
+        return list(self._index)
+
+    # -- mutations -------------------------------------------------------------------
+    def acquire_cached(self, hashes: Sequence[int]) -> list[int]:
+        """Take a reference on the device blocks of `hashes` (all must be indexed)."""
+        ids: list[int] = []
+        for h in hashes:
+            block_id = self._index[h]
+            self._take(block_id)
+            ids.append(block_id)
+        return ids
+
+    def _take(self, block_id: int) -> None:
+        if self._ref[block_id] == 0:
+            self.eviction.remove(block_id)
+            self._num_in_use += 1
+        self._ref[block_id] += 1
+
+    def try_allocate(self, num_blocks: int) -> list[int] | None:
+        """Take `num_blocks` empty blocks, evicting cached ones if needed; None if short."""
+        if num_blocks > self.num_free_blocks:
+            return None
+        ids: list[int] = []
+        for _ in range(num_blocks):
+            if self._free:
+                block_id = self._free.pop()
+            else:
+                victim = self.eviction.pop()
+                assert victim is not None, "eviction strategy lost a block"
+                block_id = victim
+                self._forget(block_id, offload=self.offload_on_evict)
+                self.num_evicted_blocks += 1
+            self._ref[block_id] = 1
+            self._num_in_use += 1
+            ids.append(block_id)
+        return ids
+
+    def _forget(self, block_id: int, offload: bool) -> None:
+        h = self._hash[block_id]
+        if h is not None:
+            if self._index.get(h) == block_id:
+                del self._index[h]
+                if offload:
+                    self.host.store(h)
+            self._hash[block_id] = None
+
+    def commit(self, block_id: int, block_hash: int) -> bool:
+        """Record a full block's content so later requests can hit it.
+
+        Returns False when another block already holds that content (the block stays
+        private to its sequence and is freed as empty).
+        """
+        if self._ref[block_id] <= 0:
+            raise ValueError(f"commit on block {block_id} which is not in use")
+        if self._hash[block_id] is not None:
+            return self._index.get(block_hash) == block_id
+        if block_hash in self._index:
+            return False
+        self._hash[block_id] = block_hash
+        self._index[block_hash] = block_id
+        return True
+
+    def store_host(self, block_hash: int) -> None:
+        """Write-through offload: copy a block's content to the host tier now."""
+        self.host.store(block_hash)
+
+    def free(self, block_ids: Sequence[int]) -> None:
+        """Drop one reference on each block. Pass a sequence's blocks in order: they are
+        released tail first, so LRU evicts a finished sequence's tail before its prefix."""
+        for block_id in reversed(block_ids):
+            ref = self._ref[block_id]
+            if ref <= 0:
+                raise ValueError(f"free of block {block_id} with ref count {ref}")
+            self._ref[block_id] = ref - 1
+            if ref == 1:
+                self._num_in_use -= 1
+                h = self._hash[block_id]
+                if h is not None and self._index.get(h) == block_id:
+                    self.eviction.add(block_id, h)
+                else:
+                    self._hash[block_id] = None
+                    self._free.append(block_id)
+
+    def drop(self, hashes: Sequence[int]) -> int:
+        """Free dead content at once (compaction, truncation, a finished session): unused
+        device blocks go straight to the free list and host copies are forgotten. Blocks
+        still read by a running sequence are left alone. Returns device blocks freed."""
+        n = 0
+        for h in hashes:
+            block_id = self._index.get(h)
+            if block_id is not None and self._ref[block_id] == 0:
+                self.eviction.remove(block_id)
+                self._forget(block_id, offload=False)
+                self._free.append(block_id)
+                n += 1
+        self.host.drop(hashes)
+        self.num_dropped_blocks += n
+        return n
+
+    def clear(self) -> None:
+        """Lose every cached block (a worker restart). Blocks in use must be freed first."""
+        if self._num_in_use:
+            raise ValueError(f"clear with {self._num_in_use} blocks in use")
+        for block_id in list(self._index.values()):
+            self.eviction.remove(block_id)
+            self._forget(block_id, offload=False)
+        self._free = list(range(self.num_device_blocks - 1, -1, -1))
+        self.host.clear()
+
+    # -- integrity -------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless free + evictable + in use == total, every index
+        entry points at a live block holding that hash, and ref counts agree."""
+        total = self.num_device_blocks
+        free = set(self._free)
+        if len(free) != len(self._free):
+            raise AssertionError("a block is on the free list twice")
+        in_use = {b for b in range(total) if self._ref[b] > 0}
+        evictable = {b for b in range(total) if b in self.eviction}
+        if len(evictable) != len(self.eviction):
+            raise AssertionError("eviction strategy holds unknown blocks")
+        if free & in_use or free & evictable or in_use & evictable:
+            raise AssertionError("a block is in two states")
+        if len(free) + len(evictable) + len(in_use) != total:
+            raise AssertionError(
+                f"free {len(free)} + evictable {len(evictable)} + in use {len(in_use)}"
+                f" != total {total}"
+            )
+        if len(in_use) != self._num_in_use:
+            raise AssertionError(f"in-use counter {self._num_in_use} != {len(in_use)}")
+        if any(r < 0 for r in self._ref):
+            raise AssertionError("negative ref count")
+        for h, block_id in self._index.items():
+            if self._hash[block_id] != h:
+                raise AssertionError(f"index entry {h:x} points at block {block_id} without it")
+            if block_id in free:
+                raise AssertionError(f"index entry {h:x} points at free block {block_id}")
+        for block_id in evictable:
+            content = self._hash[block_id]
+            if content is None or self._index.get(content) != block_id:
+                raise AssertionError(f"evictable block {block_id} is not indexed")
+        for block_id in free:
+            if self._hash[block_id] is not None:
+                raise AssertionError(f"free block {block_id} still has content")
+        self.host.check_integrity()
