@@ -1,0 +1,1 @@
+"""Policies (router, planner, KV manager) and the system bundles built from them."""

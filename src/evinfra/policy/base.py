@@ -1,0 +1,114 @@
+"""Policy protocols and the read-only views they decide from. Pure: no clock, no I/O.
+
+A runtime (simulator, local server, Ray) owns the nodes, builds these views, calls the
+policies, and applies the decisions they return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from evinfra.core.eviction import EvictionPolicy
+from evinfra.core.kv_pool import PrefixMatch
+from evinfra.core.types import Request, Role, RoleChange, Route
+
+
+class NodeView(Protocol):
+    """What a policy may read about one node. `NodeScheduler` implements it."""
+
+    @property
+    def node_id(self) -> int: ...
+    @property
+    def role(self) -> Role: ...
+    @property
+    def is_serving(self) -> bool:
+        """False while a node is stopped or cold-starting: route nothing to it."""
+
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def num_device_blocks(self) -> int: ...
+    @property
+    def num_free_blocks(self) -> int: ...
+    @property
+    def num_used_blocks(self) -> int: ...
+    @property
+    def num_waiting_prefill_tokens(self) -> int:
+        """Uncached prompt tokens queued or in progress for prefill on this node."""
+
+    @property
+    def num_waiting_requests(self) -> int: ...
+    @property
+    def num_running_decodes(self) -> int: ...
+    @property
+    def num_decode_blocks(self) -> int:
+        """Device blocks held by sequences that are decoding (or waiting to)."""
+
+    @property
+    def num_decode_context_tokens(self) -> int: ...
+    def match_prefix(self, hashes: Sequence[int]) -> PrefixMatch: ...
+
+
+class ClusterView(Protocol):
+    @property
+    def nodes(self) -> Sequence[NodeView]: ...
+
+
+class Router(Protocol):
+    def route(self, request: Request, view: ClusterView, now_s: float) -> Route:
+        """Choose the prefill and decode nodes for `request`. May update the router's
+        own bookkeeping (round-robin cursor, sticky sessions); mutates nothing else."""
+
+
+class Planner(Protocol):
+    @property
+    def interval_s(self) -> float:
+        """How often the runtime calls `plan`."""
+
+    def plan(self, view: ClusterView, now_s: float) -> list[RoleChange]:
+        """Role changes to apply now (empty: keep the split). Mutates only its own state."""
+
+
+@dataclass(frozen=True, slots=True)
+class DropBlocks:
+    """Free dead content now on `node_id` (None: every node)."""
+
+    node_id: int | None
+    hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadBlocks:
+    """Copy content from device to host on `node_id` and let the device blocks go."""
+
+    node_id: int
+    hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefetchBlocks:
+    """Bring content from host to device on `node_id` ahead of its use."""
+
+    node_id: int
+    hashes: tuple[int, ...]
+
+
+KVAction = DropBlocks | OffloadBlocks | PrefetchBlocks
+
+
+class KVManager(Protocol):
+    """Cluster-wide KV decisions from request and session signals."""
+
+    def eviction_for(self, node_id: int) -> EvictionPolicy:
+        """The eviction strategy the pool of `node_id` uses (called once per node)."""
+
+    def on_arrival(self, request: Request, now_s: float) -> list[KVAction]:
+        """A request reached the frontend. Returns actions to apply now."""
+
+    def on_finish(self, request: Request, node_id: int, now_s: float) -> list[KVAction]:
+        """A request finished decoding on `node_id`. Returns actions to apply now."""
+
+    def on_tick(self, view: ClusterView, now_s: float) -> list[KVAction]:
+        """Periodic housekeeping (offload before long waits, prefetch before returns)."""

@@ -1,0 +1,3 @@
+"""Imports every module that registers a system bundle."""
+
+from evinfra.policy import simple  # noqa: F401

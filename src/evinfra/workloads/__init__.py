@@ -1,0 +1,1 @@
+"""Agent sessions with context management, generators, trace loaders."""
