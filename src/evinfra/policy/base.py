@@ -62,10 +62,36 @@ class Router(Protocol):
         own bookkeeping (round-robin cursor, sticky sessions); mutates nothing else."""
 
 
+@dataclass(frozen=True, slots=True)
+class RequestArrived:
+    """Told to planners when a request reaches the frontend."""
+
+    request: Request
+    now_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFinished:
+    """Told to planners when a request's last token is out (the frontend's metrics)."""
+
+    request: Request
+    now_s: float
+    num_cached_prompt_tokens: int
+    ttft_s: float
+    e2e_s: float
+    tpot_s: float
+
+
+PlannerObservation = RequestArrived | RequestFinished
+
+
 class Planner(Protocol):
     @property
     def interval_s(self) -> float:
         """How often the runtime calls `plan`."""
+
+    def observe(self, observation: PlannerObservation) -> None:
+        """Record a frontend observation (arrival or finish). Mutates only the planner."""
 
     def plan(self, view: ClusterView, now_s: float) -> list[RoleChange]:
         """Role changes to apply now (empty: keep the split). Mutates only its own state."""
