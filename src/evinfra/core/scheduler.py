@@ -1,0 +1,459 @@
+"""A node's continuous-batching scheduler: chunked prefill under a token budget, decode
+batching, preemption when KV runs out, and a role that only changes what it admits.
+
+The scheduler plans a step and is told when the step is done; it never runs a model and
+never reads a clock. The simulator charges a cost model's time for each plan; the servers
+run an executor on it. Both call the same methods in the same order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+from evinfra.core.blocks import num_blocks_for
+from evinfra.core.kv_pool import KVPool, PrefixMatch
+from evinfra.core.sequence import SeqPhase, Sequence
+from evinfra.core.types import Request, Role
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    block_size: int
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    max_prefill_chunk_tokens: int | None = None
+    """Cap on one sequence's chunk per step (None: the remaining budget)."""
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkWork:
+    seq: Sequence
+    num_new_tokens: int
+    num_context_tokens: int
+    completes_prefill: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    chunks: tuple[ChunkWork, ...]
+    decodes: tuple[Sequence, ...]
+    num_onboarded_blocks: int
+    """Blocks brought from the host tier for sequences admitted in this step."""
+    preempted: tuple[Sequence, ...] = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_new_tokens for c in self.chunks) + len(self.decodes)
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    prefilled: list[Sequence] = field(default_factory=list)
+    """Sequences whose prefill completed (a token was sampled)."""
+    handoffs: list[Sequence] = field(default_factory=list)
+    """Of those, the ones whose decode runs elsewhere (KV must move)."""
+    finished: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+
+class NodeScheduler:
+    """One node: a KV pool, queues, a role. Implements policy.base.NodeView."""
+
+    def __init__(self, node_id: int, pool: KVPool, config: SchedulerConfig, role: Role) -> None:
+        self.node_id = node_id
+        self.pool = pool
+        self.config = config
+        self.role = role
+        self.is_serving = True
+        self.waiting: deque[Sequence] = deque()
+        self.prefilling: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.handoff: dict[int, Sequence] = {}
+        self.incoming: dict[int, Sequence] = {}
+        self._admit_counter = 0
+        self.num_preemptions = 0
+        self.num_prompt_tokens_seen = 0
+        self.num_prompt_tokens_cached = 0
+        self.num_prompt_tokens_host_cached = 0
+
+    # -- NodeView ----------------------------------------------------------------------
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def num_device_blocks(self) -> int:
+        return self.pool.num_device_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.pool.num_used_blocks
+
+    @property
+    def num_waiting_prefill_tokens(self) -> int:
+        return sum(s.pending_prefill_tokens for s in self.waiting) + sum(
+            s.num_prefill_target - s.num_computed_tokens for s in self.prefilling
+        )
+
+    @property
+    def num_waiting_requests(self) -> int:
+        return len(self.waiting) + len(self.prefilling)
+
+    @property
+    def num_running_decodes(self) -> int:
+        return len(self.running) + len(self.incoming)
+
+    @property
+    def num_decode_blocks(self) -> int:
+        return sum(len(s.block_ids) for s in self.running) + sum(
+            len(s.block_ids) for s in self.incoming.values()
+        )
+
+    @property
+    def num_decode_context_tokens(self) -> int:
+        return sum(s.num_computed_tokens + 1 for s in self.running)
+
+    def match_prefix(self, hashes: Seq[int]) -> PrefixMatch:
+        return self.pool.match_prefix(hashes)
+
+    @property
+    def is_idle(self) -> bool:
+        return not (
+            self.waiting or self.prefilling or self.running or self.handoff or self.incoming
+        )
+
+    # -- admission -----------------------------------------------------------------------
+    def enqueue_prefill(self, request: Request, decode_here: bool) -> Sequence:
+        """Queue a request for prefill on this node; `decode_here` keeps its decode here."""
+        seq = Sequence(request, decode_here)
+        match = self.pool.match_prefix(request.prompt_hashes)
+        seq.pending_prefill_tokens = max(
+            0, request.num_prompt_tokens - match.num_blocks * self.block_size
+        )
+        self.waiting.append(seq)
+        return seq
+
+    def _try_admit(self, seq: Sequence) -> int | None:
+        """Give a waiting sequence its blocks: cached prefix first (device, then host),
+        then new ones. Returns the number of blocks onboarded from host, None if short."""
+        bs = self.block_size
+        target = seq.num_tokens
+        hashes = seq.known_hashes()
+        # at least one token must be computed to sample from
+        max_hit = (target - 1) // bs
+        match = self.pool.match_prefix(hashes[:max_hit])
+        need_total = num_blocks_for(target, bs)
+        num_new = need_total - match.num_device_blocks
+        if not self.pool.can_allocate(num_new):
+            return None
+        ids = self.pool.acquire_cached(hashes[: match.num_device_blocks])
+        new_ids = self.pool.try_allocate(num_new)
+        assert new_ids is not None
+        start = match.num_device_blocks
+        for i in range(match.num_host_blocks):
+            self.pool.commit(new_ids[i], hashes[start + i])
+        seq.block_ids = ids + new_ids
+        num_hit = match.num_device_blocks + match.num_host_blocks
+        seq.num_computed_tokens = num_hit * bs
+        seq.num_prefill_target = target
+        if seq.num_generated == 0:
+            seq.num_cached_tokens = num_hit * bs
+            seq.num_host_cached_tokens = match.num_host_blocks * bs
+            self.num_prompt_tokens_seen += seq.request.num_prompt_tokens
+            self.num_prompt_tokens_cached += seq.num_cached_tokens
+            self.num_prompt_tokens_host_cached += seq.num_host_cached_tokens
+        seq.pending_prefill_tokens = 0
+        seq.phase = SeqPhase.PREFILLING
+        self._admit_counter += 1
+        seq.admit_seq = self._admit_counter
+        return match.num_host_blocks
+
+    # -- planning ------------------------------------------------------------------------
+    def schedule(self) -> StepPlan | None:
+        """Plan the next step: decodes first, then prefill chunks under the token budget.
+        Admits waiting sequences (allocating their blocks) and preempts the newest running
+        sequence when a decode cannot get a block. None when there is nothing to run.
+
+        The role is not consulted: it decides what the router sends here; whatever is
+        queued here runs here, so a role switch never strands work."""
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        decodes: list[Sequence] = []
+        preempted: list[Sequence] = []
+        for seq in list(self.running):
+            if len(decodes) >= cfg.max_num_seqs or budget <= 0:
+                break
+            if seq.phase is not SeqPhase.DECODING:
+                continue  # preempted while making room for an earlier one
+            if not self._ensure_blocks(seq, seq.num_computed_tokens + 1, preempted):
+                continue
+            decodes.append(seq)
+            budget -= 1
+        decodes = [s for s in decodes if s.phase is SeqPhase.DECODING]
+        onboarded = 0
+        while self.waiting and len(decodes) + len(self.prefilling) < cfg.max_num_seqs:
+            got = self._try_admit(self.waiting[0])
+            if got is None:
+                break
+            onboarded += got
+            self.prefilling.append(self.waiting.popleft())
+        chunks: list[ChunkWork] = []
+        for seq in self.prefilling:
+            if budget <= 0:
+                break
+            remaining = seq.num_prefill_target - seq.num_computed_tokens
+            take = min(remaining, budget)
+            if cfg.max_prefill_chunk_tokens is not None:
+                take = min(take, cfg.max_prefill_chunk_tokens)
+            chunks.append(ChunkWork(seq, take, seq.num_computed_tokens, take == remaining))
+            budget -= take
+        if not chunks and not decodes:
+            return None if not preempted else StepPlan((), (), 0, tuple(preempted))
+        return StepPlan(tuple(chunks), tuple(decodes), onboarded, tuple(preempted))
+
+    def _ensure_blocks(self, seq: Sequence, num_tokens: int, preempted: list[Sequence]) -> bool:
+        need = seq.num_blocks_needed(num_tokens, self.block_size)
+        while need > 0:
+            ids = self.pool.try_allocate(need)
+            if ids is not None:
+                seq.block_ids.extend(ids)
+                return True
+            victim = self._pick_preemption_victim(exclude=seq)
+            if victim is None:
+                return False
+            self.preempt(victim)
+            preempted.append(victim)
+        return True
+
+    def _pick_preemption_victim(self, exclude: Sequence) -> Sequence | None:
+        cands = [s for s in self.running if s is not exclude and s.phase is SeqPhase.DECODING]
+        if not cands:
+            return None
+        return max(cands, key=lambda s: s.admit_seq)
+
+    def preempt(self, seq: Sequence) -> None:
+        """Recompute-style preemption: keep its full blocks cached, free them, requeue it
+        at the front; it will re-prefill here and continue decoding."""
+        self._release(seq)
+        seq.num_computed_tokens = 0
+        seq.phase = SeqPhase.WAITING
+        seq.decode_here = True
+        seq.num_preemptions += 1
+        seq.pending_prefill_tokens = seq.num_tokens
+        self.running.remove(seq)
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _commit_computed(self, seq: Sequence) -> None:
+        bs = self.block_size
+        for i in range(min(len(seq.block_ids), seq.num_computed_tokens // bs)):
+            h = seq.block_hash(i)
+            if h is None:
+                break
+            self.pool.commit(seq.block_ids[i], h)
+
+    def _release(self, seq: Sequence) -> None:
+        self._commit_computed(seq)
+        self.pool.free(seq.block_ids)
+        seq.block_ids = []
+
+    # -- completion ----------------------------------------------------------------------
+    def complete_step(self, plan: StepPlan, stopped: frozenset[int] = frozenset()) -> StepOutcome:
+        """Account for a finished step: chunks advance, prefills sample their first token,
+        decodes sample one each. `stopped` names sequences that hit a stop token (server)."""
+        out = StepOutcome(preempted=list(plan.preempted))
+        for chunk in plan.chunks:
+            seq = chunk.seq
+            seq.num_computed_tokens += chunk.num_new_tokens
+            if chunk.completes_prefill:
+                self.prefilling.remove(seq)
+                seq.num_generated += 1
+                out.prefilled.append(seq)
+                self._after_sample(seq, stopped, out, prefill=True)
+        for seq in plan.decodes:
+            seq.num_computed_tokens += 1
+            seq.num_generated += 1
+            self._after_sample(seq, stopped, out, prefill=False)
+        return out
+
+    def _after_sample(
+        self, seq: Sequence, stopped: frozenset[int], out: StepOutcome, prefill: bool
+    ) -> None:
+        if seq.is_done or seq.seq_id in stopped:
+            self._finish(seq, was_running=not prefill)
+            out.finished.append(seq)
+        elif prefill and not seq.decode_here:
+            self._commit_computed(seq)
+            seq.phase = SeqPhase.HANDOFF
+            self.handoff[seq.seq_id] = seq
+            out.handoffs.append(seq)
+        elif prefill:
+            seq.phase = SeqPhase.DECODING
+            self.running.append(seq)
+
+    def _finish(self, seq: Sequence, was_running: bool) -> None:
+        self._release(seq)
+        seq.phase = SeqPhase.FINISHED
+        if was_running:
+            self.running.remove(seq)
+
+    def max_decode_run_steps(self) -> int:
+        """Steps a pure-decode batch can run with no scheduling decision changing: until
+        the first sequence finishes or KV runs short. 0 when the next step is not a pure
+        decode of every running sequence (the caller then steps one at a time)."""
+        if self.prefilling or not self.running:
+            return 0
+        if len(self.running) > min(self.config.max_num_seqs, self.config.max_num_batched_tokens):
+            return 0
+        k = min(s.num_remaining_outputs for s in self.running)
+        if k <= 0:
+            return 0
+        bs = self.block_size
+        free = self.pool.num_free_blocks
+
+        def extra(steps: int) -> int:
+            return sum(
+                max(0, num_blocks_for(s.num_computed_tokens + steps, bs) - len(s.block_ids))
+                for s in self.running
+            )
+
+        if extra(k) <= free:
+            return k
+        lo, hi = 0, k  # extra(lo) fits, extra(hi) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if extra(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def apply_decode_run(self, num_steps: int) -> StepOutcome:
+        """Advance every running sequence by `num_steps` decode steps at once (at most
+        `max_decode_run_steps()`)."""
+        out = StepOutcome()
+        bs = self.block_size
+        for seq in list(self.running):
+            need = seq.num_blocks_needed(seq.num_computed_tokens + num_steps, bs)
+            if need:
+                ids = self.pool.try_allocate(need)
+                if ids is None:
+                    raise ValueError(f"decode run of {num_steps} steps exceeds free KV")
+                seq.block_ids.extend(ids)
+            seq.num_computed_tokens += num_steps
+            seq.num_generated += num_steps
+            if seq.num_generated > seq.request.max_output_tokens:
+                raise ValueError(f"decode run of {num_steps} steps overshoots {seq.seq_id}")
+            if seq.is_done:
+                self._finish(seq, was_running=True)
+                out.finished.append(seq)
+        return out
+
+    # -- disaggregation ------------------------------------------------------------------
+    def release_handoff(self, seq_id: int) -> Sequence:
+        """The KV of a handed-off sequence has reached its decode node: free it here (its
+        blocks stay cached for later hits)."""
+        seq = self.handoff.pop(seq_id)
+        self._release(seq)
+        seq.phase = SeqPhase.FINISHED
+        return seq
+
+    def try_reserve_incoming(self, request: Request, num_generated: int) -> int | None:
+        """Reserve blocks for a sequence prefilled elsewhere, reusing this node's own
+        cached prefix. Returns the number of blocks whose KV must be transferred, or None
+        when KV is short (retry after blocks are freed)."""
+        seq = Sequence(request, decode_here=True)
+        seq.num_generated = num_generated
+        bs = self.block_size
+        computed = seq.num_tokens - 1
+        hashes = seq.known_hashes()[: computed // bs]
+        match = self.pool.match_prefix(hashes)
+        need = num_blocks_for(computed + 1, bs) - match.num_device_blocks
+        if not self.pool.can_allocate(need):
+            return None
+        ids = self.pool.acquire_cached(hashes[: match.num_device_blocks])
+        new_ids = self.pool.try_allocate(need)
+        assert new_ids is not None
+        seq.block_ids = ids + new_ids
+        seq.num_computed_tokens = computed
+        seq.phase = SeqPhase.INCOMING
+        self._admit_counter += 1
+        seq.admit_seq = self._admit_counter
+        self.incoming[request.request_id] = seq
+        return num_blocks_for(computed, bs) - match.num_device_blocks
+
+    def accept_incoming(self, seq_id: int) -> Sequence:
+        """The KV arrived: the sequence starts decoding here."""
+        seq = self.incoming.pop(seq_id)
+        self._commit_computed(seq)
+        seq.phase = SeqPhase.DECODING
+        self.running.append(seq)
+        return seq
+
+    def take_running(self, seq_id: int) -> Sequence:
+        """Detach a decoding sequence to migrate it (its blocks stay cached here)."""
+        seq = next(s for s in self.running if s.seq_id == seq_id)
+        self._release(seq)
+        self.running.remove(seq)
+        seq.phase = SeqPhase.FINISHED
+        return seq
+
+    def abort(self, seq_id: int) -> Sequence | None:
+        """Drop a request wherever it is on this node (client gone, node failure), freeing
+        its blocks. Returns it, or None if it is not here."""
+        for seq in list(self.waiting):
+            if seq.seq_id == seq_id:
+                self.waiting.remove(seq)
+                seq.phase = SeqPhase.FINISHED
+                return seq
+        for seq in self.prefilling:
+            if seq.seq_id == seq_id:
+                self.prefilling.remove(seq)
+                self._release(seq)
+                seq.phase = SeqPhase.FINISHED
+                return seq
+        for table in (self.handoff, self.incoming):
+            if seq_id in table:
+                seq = table.pop(seq_id)
+                self._release(seq)
+                seq.phase = SeqPhase.FINISHED
+                return seq
+        for seq in self.running:
+            if seq.seq_id == seq_id:
+                self._finish(seq, was_running=True)
+                return seq
+        return None
+
+    def set_role(self, role: Role) -> None:
+        """Change what the router may send here. KV and queued work stay."""
+        self.role = role
+
+    def check_integrity(self) -> None:
+        """The pool's check, plus: every held block belongs to exactly one live sequence
+        reference, and queue phases are consistent."""
+        self.pool.check_integrity()
+        refs: dict[int, int] = {}
+        live = list(self.prefilling) + self.running
+        live += list(self.handoff.values()) + list(self.incoming.values())
+        for seq in live:
+            for b in seq.block_ids:
+                refs[b] = refs.get(b, 0) + 1
+        for b, n in refs.items():
+            if self.pool.ref_count(b) != n:
+                raise AssertionError(f"block {b}: ref {self.pool.ref_count(b)} != holders {n}")
+        if self.pool.num_used_blocks != len(refs):
+            raise AssertionError("blocks in use that no sequence holds")
+        for seq in self.waiting:
+            if seq.block_ids or seq.phase is not SeqPhase.WAITING:
+                raise AssertionError(f"waiting sequence {seq.seq_id} holds blocks")
