@@ -192,6 +192,36 @@ class KVPool:
         self.num_dropped_blocks += n
         return n
 
+    def offload(self, hashes: Sequence[int]) -> int:
+        """Move unused cached blocks to the host tier and free their device blocks now.
+        Blocks in use are left alone. Returns device blocks freed."""
+        n = 0
+        for h in hashes:
+            block_id = self._index.get(h)
+            if block_id is not None and self._ref[block_id] == 0:
+                self.eviction.remove(block_id)
+                self._forget(block_id, offload=True)
+                self._free.append(block_id)
+                n += 1
+        return n
+
+    def prefetch(self, hashes: Sequence[int]) -> int:
+        """Bring host copies of `hashes` into empty device blocks (never evicting), as
+        cached unused blocks. Stops at the first hash the host lacks or when no empty block
+        is left. Returns blocks brought in."""
+        n = 0
+        for h in hashes:
+            if h in self._index:
+                continue
+            if h not in self.host or not self._free:
+                break
+            block_id = self._free.pop()
+            self._hash[block_id] = h
+            self._index[h] = block_id
+            self.eviction.add(block_id, h)
+            n += 1
+        return n
+
     def clear(self) -> None:
         """Lose every cached block (a worker restart). Blocks in use must be freed first."""
         if self._num_in_use:

@@ -339,6 +339,18 @@ class NodeScheduler:
                 hi = mid
         return lo
 
+    def reserve_decode_run(self, num_steps: int) -> None:
+        """Allocate now every block a decode run of `num_steps` will need, so that work
+        arriving during the run cannot take them."""
+        bs = self.block_size
+        for seq in self.running:
+            need = seq.num_blocks_needed(seq.num_computed_tokens + num_steps, bs)
+            if need:
+                ids = self.pool.try_allocate(need)
+                if ids is None:
+                    raise ValueError(f"decode run of {num_steps} steps exceeds free KV")
+                seq.block_ids.extend(ids)
+
     def apply_decode_run(self, num_steps: int) -> StepOutcome:
         """Advance every running sequence by `num_steps` decode steps at once (at most
         `max_decode_run_steps()`)."""

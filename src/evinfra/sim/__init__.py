@@ -1,0 +1,1 @@
+"""The discrete-event runtime: virtual clock, cost-model executor, cluster scale."""
