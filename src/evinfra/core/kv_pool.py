@@ -72,6 +72,12 @@ class KVPool:
     def can_allocate(self, num_blocks: int) -> bool:
         return num_blocks <= self.num_free_blocks
 
+    def can_allocate_after(self, num_blocks: int, cached_hashes: Sequence[int]) -> bool:
+        """Whether `num_blocks` new blocks fit once `cached_hashes` (all indexed) are
+        acquired: acquiring an unused cached block takes it off the evictable count."""
+        num_taken = sum(1 for h in cached_hashes if self._ref[self._index[h]] == 0)
+        return num_blocks <= self.num_free_blocks - num_taken
+
     def match_prefix(self, hashes: Sequence[int]) -> PrefixMatch:
         n = 0
         for h in hashes:

@@ -155,9 +155,10 @@ class NodeScheduler:
         match = self.pool.match_prefix(hashes[:max_hit])
         need_total = num_blocks_for(target, bs)
         num_new = need_total - match.num_device_blocks
-        if not self.pool.can_allocate(num_new):
+        hit_hashes = hashes[: match.num_device_blocks]
+        if not self.pool.can_allocate_after(num_new, hit_hashes):
             return None
-        ids = self.pool.acquire_cached(hashes[: match.num_device_blocks])
+        ids = self.pool.acquire_cached(hit_hashes)
         new_ids = self.pool.try_allocate(num_new)
         assert new_ids is not None
         start = match.num_device_blocks
@@ -392,9 +393,10 @@ class NodeScheduler:
         hashes = seq.known_hashes()[: computed // bs]
         match = self.pool.match_prefix(hashes)
         need = num_blocks_for(computed + 1, bs) - match.num_device_blocks
-        if not self.pool.can_allocate(need):
+        hit_hashes = hashes[: match.num_device_blocks]
+        if not self.pool.can_allocate_after(need, hit_hashes):
             return None
-        ids = self.pool.acquire_cached(hashes[: match.num_device_blocks])
+        ids = self.pool.acquire_cached(hit_hashes)
         new_ids = self.pool.try_allocate(need)
         assert new_ids is not None
         seq.block_ids = ids + new_ids

@@ -1,0 +1,148 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evinfra.core.blocks import hash_token_blocks
+from evinfra.core.kv_pool import KVPool
+from evinfra.core.scheduler import NodeScheduler, SchedulerConfig
+from evinfra.core.sequence import SeqPhase
+from evinfra.core.types import Request, Role
+
+BS = 4
+
+
+def make_request(rid: int, prompt: list[int], num_out: int) -> Request:
+    full = prompt + [1000 + rid * 100 + i for i in range(num_out)]
+    prompt_hashes = hash_token_blocks(prompt, BS)
+    all_hashes = hash_token_blocks(full, BS)
+    return Request(
+        rid, tuple(prompt_hashes), len(prompt), num_out, tuple(all_hashes[len(prompt_hashes) :])
+    )
+
+
+def make_sched(num_blocks: int = 64, budget: int = 16, max_seqs: int = 4) -> NodeScheduler:
+    cfg = SchedulerConfig(block_size=BS, max_num_batched_tokens=budget, max_num_seqs=max_seqs)
+    return NodeScheduler(0, KVPool(num_blocks), cfg, Role.MIXED)
+
+
+def run_to_idle(sched: NodeScheduler, max_steps: int = 10_000) -> list[int]:
+    finished: list[int] = []
+    for _ in range(max_steps):
+        plan = sched.schedule()
+        if plan is None:
+            break
+        assert plan.num_tokens <= sched.config.max_num_batched_tokens
+        assert len(plan.decodes) + len(plan.chunks) <= sched.config.max_num_seqs
+        out = sched.complete_step(plan)
+        finished += [s.seq_id for s in out.finished]
+        sched.check_integrity()
+    return finished
+
+
+def test_chunked_prefill_respects_budget_and_samples_once() -> None:
+    sched = make_sched(budget=8)
+    sched.enqueue_prefill(make_request(1, list(range(20)), 3), decode_here=True)
+    plans = []
+    while (plan := sched.schedule()) is not None:
+        plans.append(plan)
+        sched.complete_step(plan)
+    chunk_sizes = [c.num_new_tokens for p in plans for c in p.chunks]
+    assert chunk_sizes == [8, 8, 4]
+    # 3 outputs: one sampled by the prefill, two decode steps
+    assert sum(len(p.decodes) for p in plans) == 2
+    assert sched.is_idle
+    sched.check_integrity()
+
+
+def test_second_turn_hits_first_turns_prompt_and_output() -> None:
+    sched = make_sched()
+    prompt = list(range(12))
+    r1 = make_request(1, prompt, 8)
+    sched.enqueue_prefill(r1, decode_here=True)
+    run_to_idle(sched)
+    # the next turn resends prompt + output + new tokens
+    full = prompt + [1000 + 100 + i for i in range(8)]
+    r2 = make_request(2, full + [7, 7, 7, 7], 2)
+    seq = sched.enqueue_prefill(r2, decode_here=True)
+    plan = sched.schedule()
+    assert plan is not None
+    # 20 tokens of turn 1 -> 5 full blocks, of which the last holds the final output
+    # token, whose KV was never computed: 4 blocks hit
+    assert seq.num_cached_tokens == 16
+    assert plan.chunks[0].num_new_tokens == 24 - 16
+
+
+def test_preemption_when_kv_runs_out_loses_nothing() -> None:
+    sched = make_sched(num_blocks=10, budget=64, max_seqs=8)
+    for rid in range(4):
+        sched.enqueue_prefill(make_request(rid, [rid] * 8, 12), decode_here=True)
+    finished = run_to_idle(sched)
+    assert sorted(finished) == [0, 1, 2, 3]
+    assert sched.num_preemptions > 0
+    assert sched.pool.num_used_blocks == 0
+
+
+def test_handoff_and_incoming_move_a_sequence_between_nodes() -> None:
+    pre = make_sched()
+    dec = NodeScheduler(1, KVPool(64), pre.config, Role.DECODE)
+    pre.set_role(Role.PREFILL)
+    req = make_request(5, list(range(10)), 4)
+    pre.enqueue_prefill(req, decode_here=False)
+    plan = pre.schedule()
+    assert plan is not None
+    out = pre.complete_step(plan)
+    assert [s.seq_id for s in out.handoffs] == [5]
+    assert pre.handoff[5].phase is SeqPhase.HANDOFF
+    num_blocks = dec.try_reserve_incoming(req, out.handoffs[0].num_generated)
+    # 10 computed tokens: two full blocks and a partial one move; none is cached there
+    assert num_blocks == 3
+    pre.release_handoff(5)
+    dec.accept_incoming(5)
+    assert pre.pool.match_prefix(req.prompt_hashes).num_device_blocks == 2
+    assert run_to_idle(dec) == [5]
+    pre.check_integrity()
+    dec.check_integrity()
+
+
+def test_decode_run_equals_single_steps() -> None:
+    a, b = make_sched(budget=64), make_sched(budget=64)
+    for sched in (a, b):
+        for rid, n in ((1, 9), (2, 5)):
+            sched.enqueue_prefill(make_request(rid, [rid] * 6, n), decode_here=True)
+        plan = sched.schedule()
+        assert plan is not None
+        sched.complete_step(plan)
+    k = a.max_decode_run_steps()
+    assert k == 4  # request 2 has 4 tokens left after the prefill's one
+    a.reserve_decode_run(k)
+    out = a.apply_decode_run(k)
+    for _ in range(k):
+        plan = b.schedule()
+        assert plan is not None
+        b.complete_step(plan)
+    assert [s.seq_id for s in out.finished] == [2]
+    assert [(s.seq_id, s.num_computed_tokens, len(s.block_ids)) for s in a.running] == [
+        (s.seq_id, s.num_computed_tokens, len(s.block_ids)) for s in b.running
+    ]
+    a.check_integrity()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 30), st.integers(1, 12), st.integers(0, 3)), max_size=12),
+    st.integers(6, 40),
+    st.integers(4, 32),
+)
+def test_no_request_lost_or_finished_twice(
+    reqs: list[tuple[int, int, int]], num_blocks: int, budget: int
+) -> None:
+    sched = make_sched(num_blocks=num_blocks, budget=budget, max_seqs=4)
+    ids = []
+    for rid, (plen, nout, family) in enumerate(reqs):
+        # requests that cannot fit the whole pool are not sent
+        if -(-(plen + nout) // BS) > num_blocks:
+            continue
+        sched.enqueue_prefill(make_request(rid, [family] * plen, nout), decode_here=True)
+        ids.append(rid)
+    finished = run_to_idle(sched)
+    assert sorted(finished) == ids
+    assert sched.is_idle and sched.pool.num_used_blocks == 0
