@@ -1,0 +1,234 @@
+"""Roofline step times: per step, the slower of compute and memory traffic, plus the
+exposed part of the inter-GPU communication and fixed overheads.
+
+    core  = max(compute_s, memory_s)
+    step  = max(core, overlap * comm_s) + (1 - overlap) * comm_s
+            + step_overhead_s + num_layers * layer_overhead_s
+
+compute_s: 2 FLOPs per weight per token (attention projections, dense and shared FFN,
+routed experts actually chosen, LM head for tokens that need logits) plus attention over
+each sequence's context (a prefill chunk of n tokens on c cached tokens attends causally:
+sum of (c + i) for i = 1..n; MLA decode attends in the absorbed latent form; dense-MLA
+prefill in expanded form after decompressing the cached latents; sparse attention caps the
+keys per query at top-k and adds its indexer over the full context). Each dtype runs at its
+own peak rate; prefill and decode tokens have separate efficiencies.
+
+memory_s: weights read once per step (under DP attention every GPU reads the replicated
+attention, dense and shared weights; routed experts only where touched: per MoE layer the
+expected number of distinct experts chosen by T tokens each picking k of E is
+E * (1 - (1 - k/E)^T)) plus the KV read by attention and written for new tokens.
+
+comm_s: expert-parallel dispatch (FP8) and combine (BF16) of each token to its k experts
+(DP attention), or two all-reduces per layer (TP), over NVLink inside the NVLink domain and
+the NIC beyond it.
+
+All work is spread evenly over the node's GPUs. See docs/costmodel.md for the calibration
+of the efficiency factors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from evinfra.costmodel.base import BatchShape, PrefillChunk
+from evinfra.costmodel.node import NodeSpec
+from evinfra.costmodel.spec import Dtype, dtype_bytes
+
+FloatArray = npt.NDArray[np.float64]
+
+_DISPATCH_BYTES_PER_ELEM = 1.0 + 4.0 / 128  # FP8 activations with one FP32 scale per 128
+_COMBINE_BYTES_PER_ELEM = 2.0  # BF16
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineEfficiency:
+    """Fractions of peak achieved, and fixed costs. Defaults are the calibrated values
+    (benchmarks/costmodel_calibration.py, docs/costmodel.md)."""
+
+    prefill_flops: float = 0.55  # MFU of prefill tokens' matmuls and attention
+    decode_flops: float = 0.35  # decode: skinny GEMMs, split-KV attention kernels
+    hbm: float = 0.75  # achieved / peak HBM bandwidth
+    link: float = 0.7  # achieved / line rate for all-to-all and all-reduce
+    comm_overlap: float = 0.5  # share of communication hidden under compute (two-batch overlap)
+    step_overhead_s: float = 2e-3  # scheduling, sampling, launch of one step
+    layer_overhead_s: float = 2e-5  # per layer: kernel gaps, collective latency
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_flops", "decode_flops", "hbm", "link"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {value}")
+        if not 0.0 <= self.comm_overlap <= 1.0:
+            raise ValueError("comm_overlap must be in [0, 1]")
+        if self.step_overhead_s < 0 or self.layer_overhead_s < 0:
+            raise ValueError("overheads must be >= 0")
+
+
+def causal_pairs(num_context_tokens: int, num_new_tokens: int, cap: int | None) -> int:
+    """(query, key) pairs of a chunk of `num_new_tokens` after `num_context_tokens`: query i
+    (1-based) attends to context + i keys, at most `cap` (sparse attention's top-k)."""
+    lo, hi = num_context_tokens + 1, num_context_tokens + num_new_tokens
+    if num_new_tokens <= 0:
+        return 0
+    if cap is None or hi <= cap:
+        return (lo + hi) * num_new_tokens // 2
+    if lo > cap:
+        return cap * num_new_tokens
+    return (lo + cap) * (cap - lo + 1) // 2 + cap * (hi - cap)
+
+
+class RooflineCostModel:
+    """Implements `CostModel` for one node."""
+
+    def __init__(self, node: NodeSpec, efficiency: RooflineEfficiency | None = None) -> None:
+        self.node = node
+        self.efficiency = efficiency or RooflineEfficiency()
+        m, gpu, p = node.model, node.gpu, node.num_gpus
+        self._cap = m.sparse_top_k
+        w_rate = gpu.flops(node.resolved_weight_dtype)
+        e_rate = gpu.flops(node.resolved_expert_weight_dtype)
+        a_rate = gpu.flops(node.attention_dtype)
+        layers = m.num_layers
+        # Seconds per unit of work on one GPU at peak (divide by efficiency later).
+        self._token_s = (
+            2 * m.shared_params / w_rate + 2 * m.routed_expert_params_per_token / e_rate
+        ) / p
+        self._logit_s = 2 * m.lm_head_params / w_rate / p
+        self._prefill_pair_s = (
+            layers * m.attention_flops_per_pair(absorbed=m.prefill_uses_absorbed) / a_rate / p
+        )
+        self._decode_pair_s = layers * m.attention_flops_per_pair(absorbed=True) / a_rate / p
+        self._indexer_pair_s = layers * m.indexer_flops_per_pair / gpu.flops(Dtype.FP8) / p
+        self._decompress_s = (
+            0.0 if m.prefill_uses_absorbed else layers * m.decompress_flops_per_token / w_rate / p
+        )
+        # Bytes one GPU reads per step.
+        w = dtype_bytes(node.resolved_weight_dtype)
+        replicated = 1.0 if node.is_data_parallel_attention else 1.0 / p
+        self._fixed_weight_bytes = m.shared_params * w * replicated + m.lm_head_params * w / p
+        self._expert_bytes = (
+            m.num_moe_layers * m.expert_params * dtype_bytes(node.resolved_expert_weight_dtype) / p
+        )
+        kv_share = node.kv_duplication / p
+        self._attn_kv_bytes = m.attention_kv_bytes_per_token(node.kv_dtype) * kv_share
+        self._indexer_kv_bytes = m.indexer_bytes_per_token * kv_share
+        self._hbm_bytes_s = gpu.hbm_bandwidth_bytes_s * self.efficiency.hbm
+        self._comm_token_s = self._comm_seconds_per_token()
+        eff = self.efficiency
+        self._fixed_s = eff.step_overhead_s + layers * eff.layer_overhead_s
+
+    # ---- CostModel ----
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.node.kv_capacity_tokens
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.node.device_kv_bytes_per_token
+
+    def step_time_s(self, batch: BatchShape) -> float:
+        """Seconds one engine step of `batch` takes (0 for an empty batch)."""
+        if batch.is_empty:
+            return 0.0
+        times = self._times(
+            batch.prefill_chunks,
+            batch.num_decode_seqs,
+            np.array([float(batch.num_decode_context_tokens)]),
+        )
+        return float(times[0])
+
+    def decode_run_time_s(
+        self, num_seqs: int, num_context_tokens: int, num_kv_tokens: int, num_steps: int
+    ) -> float:
+        """Seconds of `num_steps` decode steps; step i sees contexts summing to
+        `num_context_tokens + i * num_seqs`. Vectorised: O(num_steps) numpy, no Python loop."""
+        if num_steps <= 0 or num_seqs <= 0:
+            return 0.0
+        contexts = num_context_tokens + num_seqs * np.arange(num_steps, dtype=np.float64)
+        return float(self._times((), num_seqs, contexts).sum())
+
+    # ---- components ----
+    def _comm_seconds_per_token(self) -> float:
+        node, m, p = self.node, self.node.model, self.node.num_gpus
+        if p == 1:
+            return 0.0
+        remote = (p - 1) / p
+        if node.is_data_parallel_attention:
+            if not m.is_moe:
+                return 0.0
+            per_elem = _DISPATCH_BYTES_PER_ELEM + _COMBINE_BYTES_PER_ELEM
+            bytes_per_token = (
+                m.num_moe_layers * m.experts_per_token * m.hidden_size * per_elem * remote / p
+            )
+        else:
+            # Ring all-reduce of the hidden state after attention and after the FFN.
+            bytes_per_token = m.num_layers * 2 * m.hidden_size * 2.0 * 2 * remote / p
+        gpu = node.gpu
+        in_domain = (min(p, gpu.nvlink_domain_size) - 1) / (p - 1)
+        link_s = max(in_domain / gpu.nvlink_bytes_s, (1 - in_domain) / gpu.nic_bytes_s)
+        return bytes_per_token * link_s / self.efficiency.link
+
+    def _distinct_experts(self, num_tokens: int) -> float:
+        m = self.node.model
+        if not m.is_moe or num_tokens <= 0:
+            return 0.0
+        miss = 1.0 - m.experts_per_token / m.num_experts
+        return float(m.num_experts * (1.0 - miss**num_tokens))
+
+    def _prefill_work(self, chunks: tuple[PrefillChunk, ...]) -> tuple[float, float]:
+        """(compute seconds at peak, KV bytes per GPU) of the prefill chunks."""
+        compute_s = 0.0
+        kv_bytes = 0.0
+        for c in chunks:
+            if c.num_new_tokens <= 0:
+                continue
+            pairs = causal_pairs(c.num_context_tokens, c.num_new_tokens, self._cap)
+            compute_s += pairs * self._prefill_pair_s + self._logit_s
+            compute_s += c.num_context_tokens * self._decompress_s
+            if self._indexer_pair_s:
+                full = causal_pairs(c.num_context_tokens, c.num_new_tokens, None)
+                compute_s += full * self._indexer_pair_s
+            total = c.num_context_tokens + c.num_new_tokens
+            kv_bytes += total * (self._attn_kv_bytes + self._indexer_kv_bytes)
+        return compute_s, kv_bytes
+
+    def _times(
+        self, chunks: tuple[PrefillChunk, ...], num_seqs: int, contexts: FloatArray
+    ) -> FloatArray:
+        """Step seconds for each decode context sum in `contexts` (same chunks, same seqs)."""
+        eff = self.efficiency
+        num_prefill = sum(c.num_new_tokens for c in chunks)
+        num_tokens = num_prefill + num_seqs
+        prefill_s, prefill_kv = self._prefill_work(chunks)
+        prefill_s += num_prefill * self._token_s
+        decode_s: FloatArray | float = 0.0
+        decode_kv: FloatArray | float = 0.0
+        if num_seqs > 0:
+            attended = contexts
+            if self._cap is not None:
+                # Sparse attention caps keys per sequence; only the sum of contexts is
+                # known, so the cap applies to the mean context.
+                attended = num_seqs * np.minimum(contexts / num_seqs, float(self._cap))
+            decode_s = (
+                num_seqs * (self._token_s + self._logit_s)
+                + attended * self._decode_pair_s
+                + contexts * self._indexer_pair_s
+            )
+            decode_kv = (
+                attended * self._attn_kv_bytes
+                + contexts * self._indexer_kv_bytes
+                + num_seqs * (self._attn_kv_bytes + self._indexer_kv_bytes)
+            )
+        compute = prefill_s / eff.prefill_flops + decode_s / eff.decode_flops
+        weight_bytes = (
+            self._fixed_weight_bytes + self._distinct_experts(num_tokens) * self._expert_bytes
+        )
+        memory = (weight_bytes + prefill_kv + decode_kv) / self._hbm_bytes_s
+        core = np.maximum(compute, memory)
+        comm = num_tokens * self._comm_token_s
+        hidden = eff.comm_overlap * comm
+        total = np.maximum(core, hidden) + (comm - hidden) + self._fixed_s
+        return np.broadcast_to(np.asarray(total, dtype=np.float64), contexts.shape)
