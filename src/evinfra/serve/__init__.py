@@ -1,0 +1,1 @@
+"""Real servers: frontend, local and ray runtimes, executors, KV transport."""
