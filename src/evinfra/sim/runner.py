@@ -1,0 +1,168 @@
+"""Build a simulation from a config and run it: nodes, cost models, the system bundle,
+the workload; returns the summary with the fixed metric names."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from evinfra.core.kv_pool import KVPool
+from evinfra.core.scheduler import NodeScheduler, SchedulerConfig
+from evinfra.costmodel.catalog import get_gpu, get_model
+from evinfra.costmodel.node import NodeSpec
+from evinfra.costmodel.registry import make_cost_model
+from evinfra.costmodel.spec import Dtype
+from evinfra.policy.bundle import ClusterShape, SystemBundle, make_system
+from evinfra.sim.config import ConfigError, SimConfig
+from evinfra.sim.links import LinkModel
+from evinfra.sim.metrics import Metrics, summarize
+from evinfra.sim.node import SimNode
+from evinfra.sim.simulation import Progress, SimSettings, Simulation
+from evinfra.workloads.requests import PrefixHashCache, make_request
+from evinfra.workloads.types import SessionPlan, Workload
+
+RACK_GPUS = 72  # GB300/GB200 NVL72: one NVLink domain (CATALOG.md)
+
+
+@dataclass(slots=True)
+class SimResult:
+    config: SimConfig
+    summary: dict[str, Any]
+    metrics: Metrics
+    node_spec: NodeSpec
+
+
+def build_node_spec(cfg: SimConfig) -> NodeSpec:
+    try:
+        model = get_model(cfg.model)
+    except KeyError as exc:
+        raise ConfigError(f"model: {exc.args[0]}") from None
+    try:
+        gpu = get_gpu(cfg.gpu)
+    except KeyError as exc:
+        raise ConfigError(f"gpu: {exc.args[0]}") from None
+    try:
+        kv_dtype = Dtype(cfg.kv_dtype)
+    except ValueError:
+        raise ConfigError(f"kv_dtype: {cfg.kv_dtype!r} is not one of bf16, fp8") from None
+    try:
+        return NodeSpec(model, gpu, cfg.gpus_per_node, kv_dtype=kv_dtype, block_size=cfg.block_size)
+    except ValueError as exc:
+        raise ConfigError(f"node: {exc}") from None
+
+
+def build_workload(cfg: SimConfig) -> Workload:
+    from evinfra.workloads.factory import load_trace, make_workload
+
+    try:
+        if cfg.trace is not None:
+            return load_trace(cfg.trace, rate_scale=cfg.rate_scale, fmt=None)
+        assert cfg.workload is not None
+        return make_workload(
+            cfg.workload,
+            seed=cfg.seed,
+            session_rate_per_s=cfg.session_rate,
+            concurrency=cfg.concurrency,
+            num_sessions=cfg.num_sessions,
+            duration_s=cfg.duration_s,
+            hints=cfg.hints,
+            params=dict(cfg.workload_params),
+        )
+    except (ValueError, KeyError, OSError) as exc:
+        raise ConfigError(f"workload: {exc}") from None
+
+
+def build_bundle(cfg: SimConfig, spec: NodeSpec) -> SystemBundle:
+    shape = ClusterShape(
+        num_nodes=cfg.num_nodes,
+        block_size=cfg.block_size,
+        num_device_blocks_per_node=spec.num_device_blocks,
+        num_host_blocks_per_node=spec.num_host_blocks,
+        kv_bytes_per_token=spec.kv_bytes_per_token,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_num_seqs=cfg.max_num_seqs,
+    )
+    options = dict(cfg.system_options)
+    options.setdefault("node_spec", spec)
+    try:
+        return make_system(cfg.system, shape, options)
+    except KeyError as exc:
+        raise ConfigError(f"system: {exc.args[0]}") from None
+    except ValueError as exc:
+        raise ConfigError(f"system_options: {exc}") from None
+
+
+def build_simulation(
+    cfg: SimConfig, progress: Progress | None = None
+) -> tuple[Simulation, NodeSpec]:
+    spec = build_node_spec(cfg)
+    bundle = build_bundle(cfg, spec)
+    if len(bundle.initial_roles) != cfg.num_nodes:
+        raise ConfigError(f"system {cfg.system} gave {len(bundle.initial_roles)} roles")
+    try:
+        cost = make_cost_model(cfg.cost_model, spec, **cfg.cost_options)
+    except KeyError as exc:
+        raise ConfigError(f"cost_model: {exc.args[0]}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"cost_options: {exc}") from None
+    sched_cfg = SchedulerConfig(cfg.block_size, cfg.max_num_batched_tokens, cfg.max_num_seqs)
+    nodes = []
+    for i, role in enumerate(bundle.initial_roles):
+        pool = KVPool(
+            spec.num_device_blocks,
+            spec.num_host_blocks if bundle.host_tier else 0,
+            bundle.kv_manager.eviction_for(i),
+        )
+        host_bw = spec.host_transfer_time_s(1 << 30)
+        nodes.append(SimNode(NodeScheduler(i, pool, sched_cfg, role), cost, (1 << 30) / host_bw))
+    gpus_per_node = cfg.gpus_per_node
+
+    def transfer_time_s(src: int, dst: int, num_bytes: int, num_blocks: int) -> float:
+        same_rack = (src * gpus_per_node) // RACK_GPUS == (dst * gpus_per_node) // RACK_GPUS
+        return spec.transfer_time_s(num_bytes, same_rack)
+
+    workload = build_workload(cfg)
+    cache = PrefixHashCache()
+    block_size = cfg.block_size
+    hints = cfg.hints
+
+    def factory(rid: int, plan: SessionPlan, index: int) -> Any:
+        return make_request(rid, plan, index, block_size, hints, cache=cache)
+
+    sim = Simulation(
+        nodes=nodes,
+        bundle=bundle,
+        workload=workload,
+        links=LinkModel(len(nodes), transfer_time_s),
+        make_request=factory,
+        settings=SimSettings(
+            horizon_s=cfg.duration_s,
+            warmup_s=cfg.warmup_s,
+            drain_s=cfg.drain_s,
+            sample_interval_s=cfg.sample_interval_s,
+            kv_tick_s=cfg.kv_tick_s,
+            check_integrity=cfg.check_integrity,
+        ),
+        progress=progress,
+    )
+    return sim, spec
+
+
+def run_sim(cfg: SimConfig, progress: Progress | None = None) -> SimResult:
+    start = time.perf_counter()
+    sim, spec = build_simulation(cfg, progress)
+    metrics = sim.run()
+    wall_s = time.perf_counter() - start
+    summary: dict[str, Any] = {"system": cfg.system}
+    summary.update(
+        summarize(metrics, warmup_s=cfg.warmup_s, end_s=cfg.duration_s, num_gpus=cfg.num_gpus)
+    )
+    summary["sim_events"] = sim.events.num_processed
+    summary["sim_end_s"] = sim.events.now_s
+    summary["wall_s"] = wall_s
+    summary["events_per_s"] = sim.events.num_processed / max(wall_s, 1e-9)
+    summary["sim_s_per_wall_s"] = sim.events.now_s / max(wall_s, 1e-9)
+    summary["kv_link_bytes"] = sim.links.num_bytes_moved
+    summary["switch_cost_s"] = metrics.switch_cost_s
+    return SimResult(cfg, summary, metrics, spec)
