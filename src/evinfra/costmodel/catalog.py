@@ -177,6 +177,7 @@ GPUS: dict[str, GpuSpec] = {
             nic_bytes_s=50e9,  # 400 Gb/s ConnectX-7
             host_memory_bytes=256e9,
             host_link_bytes_s=64e9,
+            exp_per_s=3.9e12,  # 132 SMs x 16 MUFU ex2 per clock x ~1.83 GHz
             source=_HOPPER_SOURCE,
         ),
         GpuSpec(
@@ -191,6 +192,7 @@ GPUS: dict[str, GpuSpec] = {
             nic_bytes_s=50e9,
             host_memory_bytes=256e9,
             host_link_bytes_s=64e9,
+            exp_per_s=3.9e12,  # 132 SMs x 16 MUFU ex2 per clock x ~1.83 GHz
             source=_HOPPER_SOURCE,
         ),
         GpuSpec(
@@ -205,6 +207,7 @@ GPUS: dict[str, GpuSpec] = {
             nic_bytes_s=50e9,
             host_memory_bytes=256e9,  # DGX B200 datasheet: 2 TB per 8 GPUs
             host_link_bytes_s=64e9,
+            exp_per_s=5.35e12,  # half of Blackwell Ultra ("2x attention-layer acceleration")
             source="CATALOG.md accelerator table; DGX B200 datasheet (host memory)",
         ),
         GpuSpec(
@@ -219,6 +222,7 @@ GPUS: dict[str, GpuSpec] = {
             nic_bytes_s=50e9,
             host_memory_bytes=240e9,
             host_link_bytes_s=450e9,
+            exp_per_s=5.35e12,  # half of Blackwell Ultra ("2x attention-layer acceleration")
             source=_NVL72_SOURCE,
         ),
         GpuSpec(
@@ -233,6 +237,7 @@ GPUS: dict[str, GpuSpec] = {
             nic_bytes_s=100e9,  # 800 Gb/s ConnectX-8
             host_memory_bytes=240e9,
             host_link_bytes_s=450e9,
+            exp_per_s=10.7e12,  # "Inside Blackwell Ultra": 10.7 TeraExponentials/s
             source=_NVL72_SOURCE,
         ),
     )

@@ -11,7 +11,9 @@ each sequence's context (a prefill chunk of n tokens on c cached tokens attends 
 sum of (c + i) for i = 1..n; MLA decode attends in the absorbed latent form; dense-MLA
 prefill in expanded form after decompressing the cached latents; sparse attention caps the
 keys per query at top-k and adds its indexer over the full context). Each dtype runs at its
-own peak rate; prefill and decode tokens have separate efficiencies.
+own peak rate, and attention is also bounded by the softmax exponentials the special
+function units can compute (Blackwell Ultra doubled them); prefill and decode tokens have
+separate efficiencies.
 
 memory_s: weights read once per step (under DP attention every GPU reads the replicated
 attention, dense and shared weights; routed experts only where touched: per MoE layer the
@@ -48,7 +50,7 @@ class RooflineEfficiency:
     """Fractions of peak achieved, and fixed costs. Defaults are the calibrated values
     (benchmarks/costmodel_calibration.py, docs/costmodel.md)."""
 
-    prefill_flops: float = 0.55  # MFU of prefill tokens' matmuls and attention
+    prefill_flops: float = 0.4  # MFU of prefill tokens' matmuls and attention
     decode_flops: float = 0.35  # decode: skinny GEMMs, split-KV attention kernels
     hbm: float = 0.75  # achieved / peak HBM bandwidth
     link: float = 0.7  # achieved / line rate for all-to-all and all-reduce
@@ -80,6 +82,21 @@ def causal_pairs(num_context_tokens: int, num_new_tokens: int, cap: int | None) 
     return (lo + cap) * (cap - lo + 1) // 2 + cap * (hi - cap)
 
 
+@dataclass(frozen=True, slots=True)
+class StepBreakdown:
+    compute_s: float
+    memory_s: float
+    comm_s: float
+    fixed_s: float
+    total_s: float
+
+    @property
+    def bound(self) -> str:
+        """What limits the step: 'compute', 'memory' or 'comm'."""
+        parts = {"compute": self.compute_s, "memory": self.memory_s, "comm": self.comm_s}
+        return max(parts, key=lambda k: parts[k])
+
+
 class RooflineCostModel:
     """Implements `CostModel` for one node."""
 
@@ -97,10 +114,12 @@ class RooflineCostModel:
             2 * m.shared_params / w_rate + 2 * m.routed_expert_params_per_token / e_rate
         ) / p
         self._logit_s = 2 * m.lm_head_params / w_rate / p
-        self._prefill_pair_s = (
-            layers * m.attention_flops_per_pair(absorbed=m.prefill_uses_absorbed) / a_rate / p
-        )
-        self._decode_pair_s = layers * m.attention_flops_per_pair(absorbed=True) / a_rate / p
+        # Attention is the slower of its tensor-core FLOPs and its softmax exponentials.
+        exp_s = m.exps_per_pair / gpu.exp_per_s
+        prefill_flops = m.attention_flops_per_pair(absorbed=m.prefill_uses_absorbed)
+        decode_flops = m.attention_flops_per_pair(absorbed=True)
+        self._prefill_pair_s = layers * max(prefill_flops / a_rate, exp_s) / p
+        self._decode_pair_s = layers * max(decode_flops / a_rate, exp_s) / p
         self._indexer_pair_s = layers * m.indexer_flops_per_pair / gpu.flops(Dtype.FP8) / p
         self._decompress_s = (
             0.0 if m.prefill_uses_absorbed else layers * m.decompress_flops_per_token / w_rate / p
@@ -116,7 +135,8 @@ class RooflineCostModel:
         self._attn_kv_bytes = m.attention_kv_bytes_per_token(node.kv_dtype) * kv_share
         self._indexer_kv_bytes = m.indexer_bytes_per_token * kv_share
         self._hbm_bytes_s = gpu.hbm_bandwidth_bytes_s * self.efficiency.hbm
-        self._comm_token_s = self._comm_seconds_per_token()
+        self._comm_prefill_token_s = self._comm_seconds_per_token(prefill=True)
+        self._comm_decode_token_s = self._comm_seconds_per_token(prefill=False)
         eff = self.efficiency
         self._fixed_s = eff.step_overhead_s + layers * eff.layer_overhead_s
 
@@ -151,25 +171,37 @@ class RooflineCostModel:
         return float(self._times((), num_seqs, contexts).sum())
 
     # ---- components ----
-    def _comm_seconds_per_token(self) -> float:
+    def _comm_seconds_per_token(self, prefill: bool) -> float:
+        """Link seconds one GPU spends per token of the node's batch.
+
+        Expert parallelism sends each token's hidden state to its k experts and back.
+        Prefill (DeepEP normal mode) sends one copy per remote NVLink domain over the NIC
+        and forwards inside the domain over NVLink; decode (low-latency mode) sends one copy
+        per expert straight to its GPU. Tensor parallelism all-reduces the hidden state
+        twice per layer (ring: 2 (p-1)/p of the buffer per GPU)."""
         node, m, p = self.node, self.node.model, self.node.num_gpus
-        if p == 1:
+        if p == 1 or (node.is_data_parallel_attention and not m.is_moe):
             return 0.0
-        remote = (p - 1) / p
-        if node.is_data_parallel_attention:
-            if not m.is_moe:
-                return 0.0
-            per_elem = _DISPATCH_BYTES_PER_ELEM + _COMBINE_BYTES_PER_ELEM
-            bytes_per_token = (
-                m.num_moe_layers * m.experts_per_token * m.hidden_size * per_elem * remote / p
-            )
-        else:
-            # Ring all-reduce of the hidden state after attention and after the FFN.
-            bytes_per_token = m.num_layers * 2 * m.hidden_size * 2.0 * 2 * remote / p
         gpu = node.gpu
-        in_domain = (min(p, gpu.nvlink_domain_size) - 1) / (p - 1)
-        link_s = max(in_domain / gpu.nvlink_bytes_s, (1 - in_domain) / gpu.nic_bytes_s)
-        return bytes_per_token * link_s / self.efficiency.link
+        group = min(p, gpu.nvlink_domain_size)
+        if not node.is_data_parallel_attention:
+            buffer = m.num_layers * 2 * m.hidden_size * 2.0 * 2 * (p - 1) / p
+            rate = gpu.nvlink_bytes_s if p == group else gpu.nic_bytes_s
+            return buffer / p / rate / self.efficiency.link
+        k = m.experts_per_token
+        copy = (
+            m.num_moe_layers * m.hidden_size * (_DISPATCH_BYTES_PER_ELEM + _COMBINE_BYTES_PER_ELEM)
+        )
+        if prefill:
+            domains = -(-p // group)
+            remote_domains = (domains - 1) * (1.0 - (1.0 - 1.0 / domains) ** k)
+            nvlink = k * copy * (group - 1) / group
+            nic = remote_domains * copy
+        else:
+            nvlink = k * copy * (group - 1) / p
+            nic = k * copy * (p - group) / p
+        seconds = max(nvlink / gpu.nvlink_bytes_s, nic / gpu.nic_bytes_s)
+        return seconds / p / self.efficiency.link
 
     def _distinct_experts(self, num_tokens: int) -> float:
         m = self.node.model
@@ -195,17 +227,17 @@ class RooflineCostModel:
             kv_bytes += total * (self._attn_kv_bytes + self._indexer_kv_bytes)
         return compute_s, kv_bytes
 
-    def _times(
+    def _components(
         self, chunks: tuple[PrefillChunk, ...], num_seqs: int, contexts: FloatArray
-    ) -> FloatArray:
-        """Step seconds for each decode context sum in `contexts` (same chunks, same seqs)."""
+    ) -> tuple[FloatArray, FloatArray, float]:
+        """(compute seconds, memory seconds, communication seconds) of a step, for each
+        decode context sum in `contexts` (same chunks, same number of sequences)."""
         eff = self.efficiency
         num_prefill = sum(c.num_new_tokens for c in chunks)
-        num_tokens = num_prefill + num_seqs
         prefill_s, prefill_kv = self._prefill_work(chunks)
         prefill_s += num_prefill * self._token_s
-        decode_s: FloatArray | float = 0.0
-        decode_kv: FloatArray | float = 0.0
+        decode_s = np.zeros_like(contexts)
+        decode_kv = np.zeros_like(contexts)
         if num_seqs > 0:
             attended = contexts
             if self._cap is not None:
@@ -223,12 +255,34 @@ class RooflineCostModel:
                 + num_seqs * (self._attn_kv_bytes + self._indexer_kv_bytes)
             )
         compute = prefill_s / eff.prefill_flops + decode_s / eff.decode_flops
-        weight_bytes = (
-            self._fixed_weight_bytes + self._distinct_experts(num_tokens) * self._expert_bytes
-        )
+        experts = self._distinct_experts(num_prefill + num_seqs)
+        weight_bytes = self._fixed_weight_bytes + experts * self._expert_bytes
         memory = (weight_bytes + prefill_kv + decode_kv) / self._hbm_bytes_s
+        comm = num_prefill * self._comm_prefill_token_s + num_seqs * self._comm_decode_token_s
+        return compute, memory, comm
+
+    def _times(
+        self, chunks: tuple[PrefillChunk, ...], num_seqs: int, contexts: FloatArray
+    ) -> FloatArray:
+        compute, memory, comm = self._components(chunks, num_seqs, contexts)
+        hidden = self.efficiency.comm_overlap * comm
         core = np.maximum(compute, memory)
-        comm = num_tokens * self._comm_token_s
-        hidden = eff.comm_overlap * comm
-        total = np.maximum(core, hidden) + (comm - hidden) + self._fixed_s
-        return np.broadcast_to(np.asarray(total, dtype=np.float64), contexts.shape)
+        total: FloatArray = np.maximum(core, hidden) + (comm - hidden) + self._fixed_s
+        return total
+
+    def breakdown(self, batch: BatchShape) -> StepBreakdown:
+        """The parts of `step_time_s(batch)`, for reports and calibration."""
+        if batch.is_empty:
+            return StepBreakdown(0.0, 0.0, 0.0, 0.0, 0.0)
+        contexts = np.array([float(batch.num_decode_context_tokens)])
+        compute, memory, comm = self._components(
+            batch.prefill_chunks, batch.num_decode_seqs, contexts
+        )
+        total = self._times(batch.prefill_chunks, batch.num_decode_seqs, contexts)
+        return StepBreakdown(
+            compute_s=float(compute[0]),
+            memory_s=float(memory[0]),
+            comm_s=comm,
+            fixed_s=self._fixed_s,
+            total_s=float(total[0]),
+        )

@@ -198,6 +198,11 @@ class ModelSpec:
         )
 
     # ---- attention arithmetic ----
+    @property
+    def exps_per_pair(self) -> int:
+        """Softmax exponentials of one (query, key) pair in one layer: one per query head."""
+        return self.num_q_heads
+
     def attention_flops_per_pair(self, absorbed: bool) -> int:
         """FLOPs of one (query token, attended key token) pair in one layer: QK^T and AV.
 
@@ -243,6 +248,7 @@ class GpuSpec:
     nic_bytes_s: float
     host_memory_bytes: float  # host DRAM per GPU usable for a KV tier
     host_link_bytes_s: float  # host<->device, per direction
+    exp_per_s: float  # softmax exponentials per second (special function units)
     source: str
 
     def flops(self, dtype: Dtype) -> float:
