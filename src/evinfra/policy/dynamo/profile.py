@@ -29,7 +29,7 @@ class WorkerProfile(Protocol):
 @dataclass(frozen=True, slots=True)
 class LinearWorkerProfile:
     """A profile from two rates: prefill runs one prompt at a time at `prefill_tok_s`
-    (Dynamo's prefill engines run at batch size 1, `tuning-disaggregated-performance.md`);
+    (Dynamo's prefill engines run at batch size 1, `docs/performance/tuning.md`);
     decode saturates at `decode_tok_s`, with a single-stream floor `min_itl_s`."""
 
     prefill_tok_s: float
