@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 
@@ -74,11 +74,24 @@ class ScoredEviction:
         self._heap: list[tuple[float, int, int]] = []
         self._live: dict[int, tuple[float, int]] = {}
         self._hash_of: dict[int, int] = {}
+        self._id_of: dict[int, int] = {}
         self._seq = 0
 
     def add(self, block_id: int, block_hash: int) -> None:
         self._hash_of[block_id] = block_hash
+        self._id_of[block_hash] = block_id
         self._push(block_id, self._scorer(block_hash))
+        if len(self._heap) > 4 * len(self._live) + 64:
+            self._compact()
+
+    def _compact(self) -> None:
+        self._heap = [(sc, sq, b) for b, (sc, sq) in self._live.items()]
+        heapq.heapify(self._heap)
+
+    def rescore_hashes(self, hashes: Iterable[int]) -> None:
+        """Re-read the score of the candidates holding these hashes (others are ignored)."""
+        ids = [self._id_of[h] for h in hashes if h in self._id_of]
+        self.rescore(ids)
 
     def _push(self, block_id: int, score: float) -> None:
         self._seq += 1
@@ -96,14 +109,15 @@ class ScoredEviction:
 
     def remove(self, block_id: int) -> None:
         self._live.pop(block_id, None)
-        self._hash_of.pop(block_id, None)
+        h = self._hash_of.pop(block_id, None)
+        if h is not None and self._id_of.get(h) == block_id:
+            del self._id_of[h]
 
     def pop(self) -> int | None:
         while self._heap:
             score, seq, block_id = heapq.heappop(self._heap)
             if self._live.get(block_id) == (score, seq):
-                del self._live[block_id]
-                del self._hash_of[block_id]
+                self.remove(block_id)
                 return block_id
         return None
 

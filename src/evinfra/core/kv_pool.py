@@ -228,6 +228,22 @@ class KVPool:
             n += 1
         return n
 
+    def import_cached(self, hashes: Sequence[int]) -> int:
+        """Install content received from another node as cached unused blocks, evicting
+        if needed (a prefix pulled ahead of a prefill). Returns blocks installed."""
+        n = 0
+        for h in hashes:
+            if h in self._index:
+                continue
+            ids = self.try_allocate(1)
+            if ids is None:
+                break
+            self._hash[ids[0]] = h
+            self._index[h] = ids[0]
+            self.free(ids)
+            n += 1
+        return n
+
     def clear(self) -> None:
         """Lose every cached block (a worker restart). Blocks in use must be freed first."""
         if self._num_in_use:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from evinfra.core.types import Role, SwitchMode
+from evinfra.costmodel.base import CostModel
 from evinfra.policy.base import KVManager, Planner, Router
 
 
@@ -20,6 +21,10 @@ class ClusterShape:
     kv_bytes_per_token: int
     max_num_batched_tokens: int
     max_num_seqs: int
+    cost_model: CostModel | None = None
+    """The nodes' step-time model, for policies that predict latency (None: unknown)."""
+    transfer_time_s: Callable[[int], float] | None = None
+    """Seconds to move a number of KV bytes between two nodes (None: unknown)."""
 
 
 @dataclass(slots=True)

@@ -68,6 +68,7 @@ class Metrics:
     role_switches: int = 0
     switch_cost_s: float = 0.0
     migrated_seqs: int = 0
+    num_prefix_pulls: int = 0
     planner_predictions: list[tuple[float, float, float]] = field(default_factory=list)
     """(time, predicted, observed) uncached prefill tokens/s, when a planner reports them."""
 
@@ -126,6 +127,7 @@ def summarize(
         "num_preemptions": sum(r.num_preemptions for r in done),
         "role_switches": metrics.role_switches,
         "migrated_seqs": metrics.migrated_seqs,
+        "prefix_pulls": metrics.num_prefix_pulls,
         "warmup_s": warmup_s,
         "window_s": span_s,
     }

@@ -9,6 +9,7 @@ from typing import Any
 
 from evinfra.core.kv_pool import KVPool
 from evinfra.core.scheduler import NodeScheduler, SchedulerConfig
+from evinfra.costmodel.base import CostModel
 from evinfra.costmodel.catalog import get_gpu, get_model
 from evinfra.costmodel.node import NodeSpec
 from evinfra.costmodel.registry import make_cost_model
@@ -73,7 +74,10 @@ def build_workload(cfg: SimConfig) -> Workload:
         raise ConfigError(f"workload: {exc}") from None
 
 
-def build_bundle(cfg: SimConfig, spec: NodeSpec) -> SystemBundle:
+def build_bundle(cfg: SimConfig, spec: NodeSpec, cost: CostModel) -> SystemBundle:
+    def transfer_time_s(num_bytes: int) -> float:
+        return spec.transfer_time_s(num_bytes, same_rack=True)
+
     shape = ClusterShape(
         num_nodes=cfg.num_nodes,
         block_size=cfg.block_size,
@@ -82,9 +86,10 @@ def build_bundle(cfg: SimConfig, spec: NodeSpec) -> SystemBundle:
         kv_bytes_per_token=spec.kv_bytes_per_token,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_num_seqs=cfg.max_num_seqs,
+        cost_model=cost,
+        transfer_time_s=transfer_time_s,
     )
     options = dict(cfg.system_options)
-    options.setdefault("node_spec", spec)
     try:
         return make_system(cfg.system, shape, options)
     except KeyError as exc:
@@ -97,15 +102,15 @@ def build_simulation(
     cfg: SimConfig, progress: Progress | None = None
 ) -> tuple[Simulation, NodeSpec]:
     spec = build_node_spec(cfg)
-    bundle = build_bundle(cfg, spec)
-    if len(bundle.initial_roles) != cfg.num_nodes:
-        raise ConfigError(f"system {cfg.system} gave {len(bundle.initial_roles)} roles")
     try:
         cost = make_cost_model(cfg.cost_model, spec, **cfg.cost_options)
     except KeyError as exc:
         raise ConfigError(f"cost_model: {exc.args[0]}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"cost_options: {exc}") from None
+    bundle = build_bundle(cfg, spec, cost)
+    if len(bundle.initial_roles) != cfg.num_nodes:
+        raise ConfigError(f"system {cfg.system} gave {len(bundle.initial_roles)} roles")
     sched_cfg = SchedulerConfig(cfg.block_size, cfg.max_num_batched_tokens, cfg.max_num_seqs)
     nodes = []
     for i, role in enumerate(bundle.initial_roles):

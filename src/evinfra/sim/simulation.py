@@ -204,9 +204,37 @@ class Simulation:
         rec = self.metrics.records[rid]
         rec.prefill_node, rec.decode_node = route.prefill_node, route.decode_node
         self._inflight[rid] = _Inflight(run, index, req, route.decode_node)
-        node = self.nodes[route.prefill_node]
-        node.sched.enqueue_prefill(req, decode_here=not route.is_disaggregated)
+        src = route.pull_from_node
+        if src is not None and src != route.prefill_node:
+            self._pull_prefix(src, route.prefill_node, rid, not route.is_disaggregated)
+            return
+        self._enqueue(route.prefill_node, rid, not route.is_disaggregated)
+
+    def _enqueue(self, node_id: int, rid: int, decode_here: bool) -> None:
+        node = self.nodes[node_id]
+        node.sched.enqueue_prefill(self._inflight[rid].request, decode_here=decode_here)
         self._kick(node, new_work=True)
+
+    def _pull_prefix(self, src: int, dst: int, rid: int, decode_here: bool) -> None:
+        """Move the prefix `src` holds and `dst` lacks, then queue the prefill on `dst`."""
+        hashes = self._inflight[rid].request.prompt_hashes
+        have = self.nodes[dst].sched.pool.match_prefix(hashes).num_device_blocks
+        held = self.nodes[src].sched.pool.match_prefix(hashes).num_device_blocks
+        moving = hashes[have:held]
+        if not moving:
+            self._enqueue(dst, rid, decode_here)
+            return
+        node = self.nodes[dst]
+        num_bytes = len(moving) * node.sched.block_size * node.cost.kv_bytes_per_token
+        end = self.links.schedule(self.now_s, src, dst, num_bytes, len(moving))
+        self.metrics.records[rid].num_transfer_bytes += num_bytes
+        self.metrics.num_prefix_pulls += 1
+
+        def arrived() -> None:
+            node.sched.pool.import_cached(moving)
+            self._enqueue(dst, rid, decode_here)
+
+        self.events.push(end, Phase.TRANSFER_DONE, arrived)
 
     def _record_prefill(self, rid: int, num_cached_tokens: int, num_host_tokens: int) -> None:
         rec = self.metrics.records[rid]

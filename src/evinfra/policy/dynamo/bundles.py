@@ -24,7 +24,7 @@ from evinfra.policy.dynamo.options import (
 from evinfra.policy.dynamo.planner_load import LoadPlanner, LoadPlannerConfig
 from evinfra.policy.dynamo.planner_sla import SlaPlanner, SlaPlannerConfig
 from evinfra.policy.dynamo.predictors import PREDICTORS
-from evinfra.policy.dynamo.profile import LinearWorkerProfile, WorkerProfile
+from evinfra.policy.dynamo.profile import CostModelProfile, LinearWorkerProfile, WorkerProfile
 from evinfra.policy.dynamo.router import DynamoRouter
 from evinfra.policy.dynamo.sessions import AgentRouterState, SessionAffinity
 from evinfra.policy.simple import LRUKVManager
@@ -97,8 +97,15 @@ def router_config(options: Mapping[str, object], shape: ClusterShape) -> KvRoute
     )
 
 
-def worker_profile(options: Mapping[str, object]) -> WorkerProfile:
+def worker_profile(
+    options: Mapping[str, object], shape: ClusterShape | None = None
+) -> WorkerProfile:
+    """The profile the planner sizes from: an explicit `profile` object, explicit rates,
+    or (the default when the cluster's cost model is known) a sweep of that model."""
     profile = options.get("profile")
+    explicit = "prefill_tok_s_per_node" in options or "decode_tok_s_per_node" in options
+    if profile is None and not explicit and shape is not None and shape.cost_model is not None:
+        return CostModelProfile(shape.cost_model, shape.max_num_seqs)
     if profile is not None:
         needed = (
             "prefill_tokens_per_s_at_ttft",
@@ -178,7 +185,7 @@ def _build(
 ) -> SystemBundle:
     if shape.num_nodes < 2:
         raise ValueError(f"{name} needs at least 2 nodes (one prefill, one decode)")
-    profile = worker_profile(options)
+    profile = worker_profile(options, shape)
     ttft_s = get_float(options, "ttft_target_s", 0.5, min_value=0.0, min_exclusive=True)
     itl_s = get_float(options, "itl_target_s", 0.05, min_value=0.0, min_exclusive=True)
     if "num_prefill_nodes" in options:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from evinfra.costmodel.base import BatchShape, CostModel, PrefillChunk
+
 
 class WorkerProfile(Protocol):
     """One worker's (one engine's) profiled performance. Rates are per worker, not per GPU."""
@@ -54,3 +56,40 @@ class LinearWorkerProfile:
 
     def expected_itl_s(self, num_concurrent_seqs: float, context_tokens: float) -> float:
         return max(self.min_itl_s, num_concurrent_seqs / self.decode_tok_s)
+
+
+@dataclass(frozen=True, slots=True)
+class CostModelProfile:
+    """The profile Dynamo's pre-deployment profiling sweep would measure, taken from the
+    cluster's cost model: prefill one prompt at a time, decode at the largest batch whose
+    step meets the ITL target."""
+
+    cost: CostModel
+    max_num_seqs: int
+    nominal_isl_tokens: int = 8192
+
+    def prefill_tokens_per_s_at_ttft(self, ttft_target_s: float) -> float:
+        return self.nominal_isl_tokens / self.expected_ttft_s(self.nominal_isl_tokens)
+
+    def _decode_step_s(self, num_seqs: int, context_tokens: float) -> float:
+        ctx = int(num_seqs * context_tokens)
+        kv = min(ctx, self.cost.kv_capacity_tokens)
+        return self.cost.step_time_s(BatchShape((), num_seqs, ctx, kv))
+
+    def decode_tokens_per_s_at_itl(self, itl_target_s: float, context_tokens: float) -> float:
+        best = 1.0 / self._decode_step_s(1, context_tokens)
+        b = 2
+        while b <= self.max_num_seqs:
+            step = self._decode_step_s(b, context_tokens)
+            if step > itl_target_s:
+                break
+            best = max(best, b / step)
+            b *= 2
+        return best
+
+    def expected_ttft_s(self, num_prompt_tokens: float) -> float:
+        n = max(int(num_prompt_tokens), 1)
+        return self.cost.step_time_s(BatchShape((PrefillChunk(n, 0),)))
+
+    def expected_itl_s(self, num_concurrent_seqs: float, context_tokens: float) -> float:
+        return self._decode_step_s(max(int(num_concurrent_seqs), 1), context_tokens)

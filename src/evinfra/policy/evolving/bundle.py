@@ -1,0 +1,111 @@
+"""The `evolving` bundle and its ablations, each with one mechanism switched off."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from evinfra.core.types import Role, SwitchMode
+from evinfra.policy.bundle import ClusterShape, SystemBundle, register
+from evinfra.policy.dynamo.options import check_known, get_bool, get_float, get_int
+from evinfra.policy.evolving.kv_manager import AgentKVManager, KVManagerConfig
+from evinfra.policy.evolving.planner import EvolvingPlanner, PlannerConfig
+from evinfra.policy.evolving.rates import node_rates
+from evinfra.policy.evolving.router import EvolvingRouter, RouterConfig
+from evinfra.policy.evolving.sessions import SessionTable
+
+OPTIONS = (
+    "planner",
+    "in_place_switch",
+    "agent_kv",
+    "use_hints",
+    "pull_prefix",
+    "prefetch",
+    "host_tier",
+    "initial_prefill_fraction",
+    "planner_interval_s",
+    "itl_target_s",
+    "min_dwell_s",
+    "cold_start_s",
+    "max_local_prefill_tokens",
+    "migrate_on_switch",
+)
+
+
+def initial_roles(num_nodes: int, prefill_fraction: float) -> list[Role]:
+    if num_nodes == 1:
+        return [Role.MIXED]
+    num_prefill = min(max(round(num_nodes * prefill_fraction), 1), num_nodes - 1)
+    return [Role.PREFILL] * num_prefill + [Role.DECODE] * (num_nodes - num_prefill)
+
+
+def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str) -> SystemBundle:
+    check_known(options, OPTIONS, name)
+    rates = node_rates(shape)
+    table = SessionTable(use_hints=get_bool(options, "use_hints", True))
+    in_place = get_bool(options, "in_place_switch", True)
+    mode = SwitchMode.IN_PLACE if in_place else SwitchMode.RESTART
+    planner = None
+    if get_bool(options, "planner", True):
+        planner = EvolvingPlanner(
+            table,
+            rates,
+            shape.block_size,
+            PlannerConfig(
+                interval_s=get_float(options, "planner_interval_s", 5.0, min_value=0.1),
+                itl_target_s=get_float(options, "itl_target_s", 0.05, min_value=0.001),
+                min_dwell_s=get_float(options, "min_dwell_s", 15.0, min_value=0.0),
+                switch_mode=mode,
+            ),
+        )
+    agent_kv = get_bool(options, "agent_kv", True)
+    kv = AgentKVManager(
+        table,
+        KVManagerConfig(
+            agent_eviction=agent_kv,
+            free_dead_blocks=agent_kv,
+            prefetch=agent_kv and get_bool(options, "prefetch", True),
+        ),
+    )
+    router = EvolvingRouter(
+        table,
+        rates,
+        RouterConfig(
+            pull_prefix=get_bool(options, "pull_prefix", True),
+            max_local_prefill_tokens=get_int(
+                options, "max_local_prefill_tokens", 4096, min_value=0
+            ),
+        ),
+    )
+    fraction = get_float(options, "initial_prefill_fraction", 0.5, min_value=0.0, max_value=1.0)
+    return SystemBundle(
+        name=name,
+        router=router,
+        kv_manager=kv,
+        initial_roles=initial_roles(shape.num_nodes, fraction),
+        planner=planner,
+        switch_mode=mode,
+        cold_start_s=get_float(options, "cold_start_s", 300.0, min_value=0.0),
+        host_tier=get_bool(options, "host_tier", True),
+        write_through_offload=False,
+        migrate_on_switch=get_bool(options, "migrate_on_switch", False),
+    )
+
+
+ABLATIONS: dict[str, dict[str, object]] = {
+    "evolving": {},
+    "evolving-no-planner": {"planner": False},
+    "evolving-restart": {"in_place_switch": False},
+    "evolving-lru": {"agent_kv": False},
+    "evolving-no-hints": {"use_hints": False},
+    "evolving-no-pull": {"pull_prefix": False},
+}
+
+
+def _register(name: str, preset: dict[str, object]) -> None:
+    @register(name)
+    def factory(shape: ClusterShape, options: dict[str, object]) -> SystemBundle:
+        return make_evolving(shape, {**preset, **options}, name)
+
+
+for _name, _preset in ABLATIONS.items():
+    _register(_name, _preset)

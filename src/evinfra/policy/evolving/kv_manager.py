@@ -1,0 +1,110 @@
+"""The agent-aware KV manager: eviction by expected next use, dead blocks freed at once,
+prefetch from host before a session is expected back.
+
+Scores are the negated expected time of a block's next read (from the session table), so
+the strategy pops the block needed furthest in the future (Belady with predictions).
+A block's score is read when it becomes evictable and re-read when its session changes
+state (finishes a call, goes overdue).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from evinfra.core.eviction import EvictionPolicy, LRUEviction, ScoredEviction
+from evinfra.core.types import Request
+from evinfra.policy.base import ClusterView, DropBlocks, KVAction, PrefetchBlocks
+from evinfra.policy.evolving.sessions import SessionTable
+
+
+@dataclass(frozen=True, slots=True)
+class KVManagerConfig:
+    agent_eviction: bool = True
+    """False: plain LRU per node (the ablation)."""
+    free_dead_blocks: bool = True
+    prefetch: bool = True
+    prefetch_lead_s: float = 2.0
+    """Bring a waiting session's KV back from host this long before its expected return."""
+    max_idle_s: float = 1800.0
+    """A session silent for this long is taken as ended (clients that send no hints)."""
+
+
+@dataclass(slots=True)
+class AgentKVManager:
+    table: SessionTable
+    config: KVManagerConfig = field(default_factory=KVManagerConfig)
+    now_s: float = 0.0
+    policies: dict[int, ScoredEviction] = field(default_factory=dict)
+    _prefetch_due: list[tuple[float, tuple[str, float]]] = field(default_factory=list)
+    _overdue_due: list[tuple[float, tuple[str, float]]] = field(default_factory=list)
+    num_dropped_blocks: int = 0
+    num_prefetches: int = 0
+
+    def eviction_for(self, node_id: int) -> EvictionPolicy:
+        if not self.config.agent_eviction:
+            return LRUEviction()
+        policy = ScoredEviction(self._score)
+        self.policies[node_id] = policy
+        return policy
+
+    def _score(self, block_hash: int) -> float:
+        return -self.table.expected_next_use_s(block_hash, self.now_s)
+
+    def _rescore(self, hashes: tuple[int, ...]) -> None:
+        for policy in self.policies.values():
+            policy.rescore_hashes(hashes)
+
+    def _drop(self, hashes: tuple[int, ...]) -> list[KVAction]:
+        if not hashes or not self.config.free_dead_blocks:
+            return []
+        self.num_dropped_blocks += len(hashes)
+        return [DropBlocks(None, hashes)]
+
+    def on_arrival(self, request: Request, now_s: float) -> list[KVAction]:
+        self.now_s = now_s
+        arrival = self.table.on_arrival(request, now_s)
+        return self._drop(arrival.dead_hashes)
+
+    def on_finish(self, request: Request, node_id: int, now_s: float) -> list[KVAction]:
+        self.now_s = now_s
+        entry = self.table.on_finish(request, node_id, now_s)
+        if entry is None:
+            return []
+        if entry.is_last_turn and not entry.num_inflight and not entry.num_children_running:
+            return self._drop(self.table.end(entry.session_id))
+        self._rescore(entry.context_hashes)
+        ret = entry.expected_return_s()
+        key = (entry.session_id, entry.last_finish_s)
+        heapq.heappush(self._prefetch_due, (ret - self.config.prefetch_lead_s, key))
+        heapq.heappush(self._overdue_due, (ret, key))
+        return []
+
+    def _waiting_since(self, key: tuple[str, float]) -> bool:
+        """The session of `key` still waits since that same finish."""
+        entry = self.table.sessions.get(key[0])
+        return entry is not None and not entry.num_inflight and entry.last_finish_s == key[1]
+
+    def on_tick(self, view: ClusterView, now_s: float) -> list[KVAction]:
+        self.now_s = now_s
+        actions: list[KVAction] = []
+        while self._prefetch_due and self._prefetch_due[0][0] <= now_s:
+            _, key = heapq.heappop(self._prefetch_due)
+            entry = self.table.sessions.get(key[0])
+            ok = self.config.prefetch and self._waiting_since(key)
+            if ok and entry is not None and entry.node_id is not None:
+                self.num_prefetches += 1
+                actions.append(PrefetchBlocks(entry.node_id, entry.context_hashes))
+        while self._overdue_due and self._overdue_due[0][0] <= now_s:
+            _, key = heapq.heappop(self._overdue_due)
+            if not self._waiting_since(key):
+                continue
+            # overdue: its blocks now rank by how long it has been silent
+            entry = self.table.sessions[key[0]]
+            self._rescore(entry.context_hashes)
+            idle_s = now_s - entry.last_finish_s
+            if idle_s >= self.config.max_idle_s:
+                actions += self._drop(self.table.end(key[0]))
+            else:
+                heapq.heappush(self._overdue_due, (now_s + max(idle_s, 1.0), key))
+        return actions

@@ -1,0 +1,153 @@
+"""The evolving router: predicts each placement's end-to-end latency and picks the best.
+
+For every prefill candidate it counts what is cached there, what could be pulled from the
+node holding the longest prefix (when moving it beats recomputing it), the queue ahead,
+and the KV hand-off to a decode node; for decode it weighs batch size and KV room. A
+session's next turn usually lands where its context was decoded: its prompt is that
+context plus a few new tokens, so a small local prefill on that decode node beats a
+remote prefill plus a transfer back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from evinfra.core.blocks import num_blocks_for
+from evinfra.core.kv_pool import PrefixMatch
+from evinfra.core.types import Request, Role, Route
+from evinfra.policy.base import ClusterView, NodeView
+from evinfra.policy.evolving.rates import NodeRates
+from evinfra.policy.evolving.sessions import SessionTable
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    pull_prefix: bool = True
+    """Pull a cached prefix from another node when that beats recomputing it."""
+    max_local_prefill_tokens: int = 4096
+    """Largest uncached prefill a decode-role node takes for a request it will decode."""
+    kv_full_penalty_s: float = 30.0
+    """Added to a decode node that lacks KV room for the request (it would preempt)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    cost_s: float
+    route: Route
+
+
+class EvolvingRouter:
+    def __init__(self, table: SessionTable, rates: NodeRates, config: RouterConfig) -> None:
+        self.table = table
+        self.rates = rates
+        self.config = config
+        self.num_pulls = 0
+        self.num_local_prefills = 0
+
+    def _expected_output_tokens(self, request: Request) -> float:
+        hints = request.hints
+        if hints is not None and hints.expected_output_tokens is not None:
+            return float(hints.expected_output_tokens)
+        sid = self.table.request_session.get(request.request_id)
+        entry = self.table.sessions.get(sid) if sid is not None else None
+        if entry is not None and entry.output_tokens_ewma > 0:
+            return entry.output_tokens_ewma
+        return self.table.output_tokens_ewma
+
+    def _decode_cost_s(self, node: NodeView, request: Request, out_tokens: float) -> float:
+        rates = self.rates
+        steps = max(out_tokens - 1.0, 0.0)
+        cost = steps * rates.decode_step_s(node.num_running_decodes + 1)
+        need = num_blocks_for(request.num_prompt_tokens + int(out_tokens), node.block_size)
+        if need > node.num_free_blocks:
+            cost += self.config.kv_full_penalty_s
+        return cost
+
+    def route(self, request: Request, view: ClusterView, now_s: float) -> Route:
+        nodes = [n for n in view.nodes if n.is_serving]
+        if not nodes:
+            raise RuntimeError("no node is serving")
+        hashes = request.prompt_hashes
+        matches = {n.node_id: n.match_prefix(hashes) for n in nodes}
+        holder = max(nodes, key=lambda n: (matches[n.node_id].num_device_blocks, -n.node_id))
+        holder_blocks = matches[holder.node_id].num_device_blocks
+        out_tokens = self._expected_output_tokens(request)
+        decoders = [n for n in nodes if n.role is not Role.PREFILL] or nodes
+        remote = self._best_remote_decoder(decoders, request, matches, out_tokens)
+        best: _Choice | None = None
+        for node in nodes:
+            choice = self._evaluate(
+                node, request, matches[node.node_id], holder, holder_blocks, remote, out_tokens
+            )
+            if choice is not None and (best is None or choice.cost_s < best.cost_s):
+                best = choice
+        if best is None:  # only decode nodes and every prefill too big: least queued one
+            node = min(nodes, key=lambda n: (n.num_waiting_prefill_tokens, n.node_id))
+            return Route(node.node_id, node.node_id)
+        if best.route.pull_from_node is not None:
+            self.num_pulls += 1
+        if best.route.prefill_node == best.route.decode_node:
+            self.num_local_prefills += 1
+        return best.route
+
+    def _best_remote_decoder(
+        self,
+        decoders: Sequence[NodeView],
+        request: Request,
+        matches: dict[int, PrefixMatch],
+        out_tokens: float,
+    ) -> tuple[NodeView, float]:
+        """The decode node for a remote prefill, and its cost (decode time plus moving
+        the blocks it lacks)."""
+        num_blocks = num_blocks_for(request.num_prompt_tokens, decoders[0].block_size)
+
+        def cost(n: NodeView) -> float:
+            move = self.rates.transfer_s(num_blocks - matches[n.node_id].num_device_blocks)
+            return move + self._decode_cost_s(n, request, out_tokens)
+
+        best = min(decoders, key=lambda n: (cost(n), n.node_id))
+        return best, cost(best)
+
+    def _evaluate(
+        self,
+        node: NodeView,
+        request: Request,
+        match: PrefixMatch,
+        holder: NodeView,
+        holder_blocks: int,
+        remote: tuple[NodeView, float],
+        out_tokens: float,
+    ) -> _Choice | None:
+        rates, bs = self.rates, node.block_size
+        hit = match.num_blocks
+        pull_from: int | None = None
+        pull_s = 0.0
+        if self.config.pull_prefix and holder_blocks > hit and holder is not node:
+            gain = holder_blocks - hit
+            t = rates.transfer_s(gain)
+            if t < rates.prefill_s(gain * bs):
+                pull_from, pull_s, hit = holder.node_id, t, holder_blocks
+        uncached = max(request.num_prompt_tokens - hit * bs, 1)
+        if node.role is Role.DECODE and uncached > self.config.max_local_prefill_tokens:
+            return None
+        queue_s = rates.prefill_s(node.num_waiting_prefill_tokens)
+        ttft_s = queue_s + pull_s + rates.prefill_s(uncached)
+        local: _Choice | None = None
+        if node.role is not Role.PREFILL:
+            local_cost = ttft_s + self._decode_cost_s(node, request, out_tokens)
+            if node.role is Role.DECODE:
+                # a prefill here stalls the node's running decodes for its duration
+                local_cost += (
+                    rates.prefill_s(uncached)
+                    * node.num_running_decodes
+                    / max(rates.max_num_seqs, 1)
+                )
+            local = _Choice(local_cost, Route(node.node_id, node.node_id, pull_from))
+        dec, dec_cost = remote
+        if dec is node or node.role is Role.DECODE:
+            return local
+        remote_choice = _Choice(ttft_s + dec_cost, Route(node.node_id, dec.node_id, pull_from))
+        if local is None or remote_choice.cost_s < local.cost_s:
+            return remote_choice
+        return local

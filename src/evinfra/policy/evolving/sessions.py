@@ -1,0 +1,207 @@
+"""The session table: what each agent session is doing, what it owns, and when it will
+call again. Filled from explicit hints or, without hints, inferred from prompt prefixes.
+
+Inference: every block of a session's latest context (prompt plus output) records its
+owner. A request whose prompt extends a session's context is that session's next turn; a
+request that shares only the start of it (past the blocks other sessions share) and then
+diverges is a compaction or truncation of it: the blocks after the divergence are dead.
+A request that extends the context of a session that is still generating is a fork.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from evinfra.core.blocks import common_prefix_len
+from evinfra.core.types import ContextEvent, Request, SessionState
+
+DEFAULT_GAP_S = 5.0
+"""Prior for the gap before a session's next call, before any is observed."""
+
+
+@dataclass(slots=True)
+class SessionEntry:
+    session_id: str
+    state: SessionState = SessionState.GENERATING
+    parent_id: str | None = None
+    context_hashes: tuple[int, ...] = ()
+    """Block hashes of the latest context: prompt plus the output's full blocks."""
+    node_id: int | None = None
+    """Where the latest context was decoded (where its KV lives)."""
+    last_finish_s: float = 0.0
+    expected_gap_s: float = DEFAULT_GAP_S
+    gap_ewma_s: float | None = None
+    new_blocks_ewma: float = 0.0
+    """Uncached prompt blocks per call (what a return will need prefilled)."""
+    output_tokens_ewma: float = 0.0
+    num_turns: int = 0
+    num_inflight: int = 0
+    num_children_running: int = 0
+    is_last_turn: bool = False
+
+    def expected_return_s(self) -> float:
+        return self.last_finish_s + self.expected_gap_s
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """What the table concluded about an arriving request."""
+
+    session_id: str
+    event: ContextEvent
+    dead_hashes: tuple[int, ...]
+    """Blocks of the session's previous context that this prompt no longer contains."""
+
+
+@dataclass(slots=True)
+class SessionTable:
+    use_hints: bool = True
+    gap_alpha: float = 0.3
+    sessions: dict[str, SessionEntry] = field(default_factory=dict)
+    owner: dict[int, str] = field(default_factory=dict)
+    """Block hash -> the session whose context holds it (last writer)."""
+    num_owners: dict[int, int] = field(default_factory=dict)
+    """Block hash -> how many live session contexts hold it (shared prefixes > 1)."""
+    request_session: dict[int, str] = field(default_factory=dict)
+    num_inferred_sessions: int = 0
+    num_inferred_dead_blocks: int = 0
+    output_tokens_ewma: float = 256.0
+    """Across sessions: the prior for a session whose outputs are not yet known."""
+
+    # -- arrivals -----------------------------------------------------------------------
+    def on_arrival(self, request: Request, now_s: float) -> Arrival:
+        hints = request.hints if self.use_hints else None
+        if hints is not None:
+            sid = hints.session_id
+            entry = self.sessions.get(sid)
+            if entry is None:
+                entry = SessionEntry(sid, parent_id=hints.parent_session_id)
+                self.sessions[sid] = entry
+                if entry.parent_id in self.sessions:
+                    self.sessions[entry.parent_id].num_children_running += 1
+            event = hints.context_event or ContextEvent.APPEND
+            if hints.is_last_turn is not None:
+                entry.is_last_turn = hints.is_last_turn
+        else:
+            entry, event = self._infer(request)
+            sid = entry.session_id
+        dead: tuple[int, ...] = ()
+        keep = common_prefix_len(entry.context_hashes, request.prompt_hashes)
+        if keep < len(entry.context_hashes) and event is not ContextEvent.FORK:
+            # the prompt no longer holds the tail of the previous context: it is dead
+            dead = self._release(entry.context_hashes[keep:])
+            entry.context_hashes = entry.context_hashes[:keep]
+            if hints is None:
+                self.num_inferred_dead_blocks += len(dead)
+                event = ContextEvent.COMPACT if keep <= 2 else ContextEvent.TRUNCATE
+        if entry.num_turns and entry.state is SessionState.WAITING_TOOL:
+            gap = now_s - entry.last_finish_s
+            entry.gap_ewma_s = (
+                gap
+                if entry.gap_ewma_s is None
+                else (1 - self.gap_alpha) * entry.gap_ewma_s + self.gap_alpha * gap
+            )
+        new_blocks = len(request.prompt_hashes) - keep
+        entry.new_blocks_ewma = 0.7 * entry.new_blocks_ewma + 0.3 * new_blocks
+        entry.state = SessionState.GENERATING
+        entry.num_inflight += 1
+        entry.num_turns += 1
+        self.request_session[request.request_id] = sid
+        return Arrival(sid, event, dead)
+
+    def _infer(self, request: Request) -> tuple[SessionEntry, ContextEvent]:
+        # the deepest prompt block that exactly one live session holds names the session
+        owner: str | None = None
+        for h in reversed(request.prompt_hashes):
+            if self.num_owners.get(h, 0) == 1:
+                owner = self.owner[h]
+                break
+        if owner is not None and owner in self.sessions:
+            entry = self.sessions[owner]
+            if entry.num_inflight > 0:
+                # extends a context that is still generating: a sub-agent fork
+                return self._new_session(parent=owner), ContextEvent.FORK
+            return entry, ContextEvent.APPEND
+        return self._new_session(parent=None), ContextEvent.START
+
+    def _new_session(self, parent: str | None) -> SessionEntry:
+        self.num_inferred_sessions += 1
+        sid = f"inferred-{self.num_inferred_sessions}"
+        entry = SessionEntry(sid, parent_id=parent)
+        self.sessions[sid] = entry
+        if parent is not None:
+            self.sessions[parent].num_children_running += 1
+        return entry
+
+    # -- finishes -----------------------------------------------------------------------
+    def on_finish(self, request: Request, node_id: int, now_s: float) -> SessionEntry | None:
+        sid = self.request_session.pop(request.request_id, None)
+        if sid is None or sid not in self.sessions:
+            return None
+        entry = self.sessions[sid]
+        entry.num_inflight -= 1
+        out = float(request.max_output_tokens)
+        first = entry.output_tokens_ewma == 0.0
+        entry.output_tokens_ewma = out if first else 0.7 * entry.output_tokens_ewma + 0.3 * out
+        self.output_tokens_ewma = 0.95 * self.output_tokens_ewma + 0.05 * out
+        context = request.prompt_hashes + request.output_hashes
+        old = set(entry.context_hashes)
+        new = set(context)
+        self._release(tuple(h for h in entry.context_hashes if h not in new))
+        for h in context:
+            if h not in old:
+                self.num_owners[h] = self.num_owners.get(h, 0) + 1
+            self.owner[h] = sid
+        entry.context_hashes = context
+        entry.node_id = node_id
+        entry.last_finish_s = now_s
+        hints = request.hints if self.use_hints else None
+        if hints is not None and hints.expected_tool_s is not None:
+            entry.expected_gap_s = hints.expected_tool_s
+        elif entry.gap_ewma_s is not None:
+            entry.expected_gap_s = entry.gap_ewma_s
+        entry.state = SessionState.GENERATING if entry.num_inflight else SessionState.WAITING_TOOL
+        return entry
+
+    def end(self, sid: str) -> tuple[int, ...]:
+        """The session is over: returns the blocks only it held (now dead)."""
+        entry = self.sessions.pop(sid, None)
+        if entry is None:
+            return ()
+        entry.state = SessionState.FINISHED
+        if entry.parent_id in self.sessions:
+            self.sessions[entry.parent_id].num_children_running -= 1
+        return self._release(entry.context_hashes)
+
+    def _release(self, hashes: tuple[int, ...]) -> tuple[int, ...]:
+        """Drop one holder from each block; returns those no live session holds now."""
+        dead = []
+        for h in hashes:
+            n = self.num_owners.get(h, 0) - 1
+            if n <= 0:
+                self.num_owners.pop(h, None)
+                self.owner.pop(h, None)
+                dead.append(h)
+            else:
+                self.num_owners[h] = n
+        return tuple(dead)
+
+    def expected_next_use_s(self, block_hash: int, now_s: float) -> float:
+        """When this block is expected to be read next (inf: never)."""
+        sid = self.owner.get(block_hash)
+        if sid is None:
+            return float("inf")
+        n = self.num_owners.get(block_hash, 1)
+        entry = self.sessions.get(sid)
+        if entry is None:
+            return float("inf")
+        if entry.state is SessionState.GENERATING or entry.num_children_running:
+            return now_s
+        if entry.is_last_turn:
+            return float("inf")
+        ret = entry.expected_return_s()
+        if ret < now_s:
+            # overdue: the longer a session has been idle, the longer it will stay so
+            ret = now_s + (now_s - entry.last_finish_s)
+        # a block many sessions share is read by whichever comes back first
+        return now_s + (ret - now_s) / n
