@@ -40,6 +40,7 @@ NS_SHARED = 3
 # Roles of a derived id inside a namespace.
 ROLE_CONTENT = 1
 ROLE_OUTPUT = 2
+ROLE_PROMPT = 3
 
 
 class IdSource:
@@ -73,3 +74,8 @@ def trace_block_id(file_key: int, hash_id: int) -> int:
 def trace_output_id(file_key: int, row_index: int) -> int:
     """A fresh content id for the output of trace row `row_index`."""
     return mix64(NS_TRACE, file_key, ROLE_OUTPUT, row_index) & _ID_MASK
+
+
+def trace_prompt_id(file_key: int, row_index: int) -> int:
+    """A fresh content id for the whole prompt of a trace row without prefix information."""
+    return mix64(NS_TRACE, file_key, ROLE_PROMPT, row_index) & _ID_MASK
