@@ -44,6 +44,8 @@ class SystemBundle:
     migrate_on_switch: bool = False
     """On decode→prefill, move running decodes to another decode node instead of
     finishing them where they are."""
+    kv_capacity_scale: float = 1.0
+    """Multiplies each node's device KV blocks (the oracle's unlimited KV)."""
     options: dict[str, object] = field(default_factory=dict)
 
 

@@ -1,5 +1,5 @@
 """Imports every module that registers a system bundle."""
 
-from evinfra.policy import aggregated, simple  # noqa: F401
+from evinfra.policy import aggregated, oracle, simple  # noqa: F401
 from evinfra.policy.dynamo import bundles  # noqa: F401
 from evinfra.policy.evolving import bundle  # noqa: F401

@@ -115,7 +115,7 @@ def build_simulation(
     nodes = []
     for i, role in enumerate(bundle.initial_roles):
         pool = KVPool(
-            spec.num_device_blocks,
+            int(spec.num_device_blocks * bundle.kv_capacity_scale),
             spec.num_host_blocks if bundle.host_tier else 0,
             bundle.kv_manager.eviction_for(i),
         )
