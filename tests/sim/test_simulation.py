@@ -62,8 +62,7 @@ def test_decode_run_is_cut_when_new_work_arrives() -> None:
 
 def test_kv_pressure_preempts_and_still_finishes_everything() -> None:
     sessions = [
-        SessionArrival(0.01 * i, make_session(f"p{i}", 1, 20, 300, think_s=0.0))
-        for i in range(4)
+        SessionArrival(0.01 * i, make_session(f"p{i}", 1, 20, 300, think_s=0.0)) for i in range(4)
     ]
     # each needs 18 blocks at admission and grows to 36: two fit, then they collide
     sim = make_sim(sessions, num_blocks=40)

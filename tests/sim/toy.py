@@ -32,8 +32,8 @@ class LinearCost:
 
     def decode_run_time_s(self, num_seqs: int, ctx: int, kv: int, num_steps: int) -> float:
         # sum over steps j of 10 ms + 1e-5 * (ctx + j * num_seqs)
-        return (
-            num_steps * 0.010 + 1e-5 * (num_steps * ctx + num_seqs * num_steps * (num_steps - 1) // 2)
+        return num_steps * 0.010 + 1e-5 * (
+            num_steps * ctx + num_seqs * num_steps * (num_steps - 1) // 2
         )
 
 

@@ -43,20 +43,35 @@ class KVPool:
         self.host = HostTier(num_host_blocks)
         self.eviction: EvictionPolicy = eviction if eviction is not None else LRUEviction()
         self.offload_on_evict = offload_on_evict
-        self._ref = [0] * num_device_blocks
-        self._hash: list[int | None] = [None] * num_device_blocks
+        # per-block state grows as blocks are first handed out (ids in order), so a pool
+        # of millions of blocks costs nothing until it is used
+        self._ref: list[int] = []
+        self._hash: list[int | None] = []
         self._index: dict[int, int] = {}
-        # popped from the end: the lowest ids are handed out first
-        self._free: list[int] = list(range(num_device_blocks - 1, -1, -1))
+        self._free: list[int] = []
+        """Blocks handed out before and returned empty (popped from the end)."""
         self._num_in_use = 0
         self.num_evicted_blocks = 0
         self.num_dropped_blocks = 0
 
     # -- queries ---------------------------------------------------------------------
     @property
+    def _num_fresh(self) -> int:
+        return self.num_device_blocks - len(self._ref)
+
+    def _take_empty(self) -> int | None:
+        if self._free:
+            return self._free.pop()
+        if len(self._ref) < self.num_device_blocks:
+            self._ref.append(0)
+            self._hash.append(None)
+            return len(self._ref) - 1
+        return None
+
+    @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation can take now: empty ones plus evictable cached ones."""
-        return len(self._free) + len(self.eviction)
+        return len(self._free) + self._num_fresh + len(self.eviction)
 
     @property
     def num_used_blocks(self) -> int:
@@ -123,8 +138,9 @@ class KVPool:
             return None
         ids: list[int] = []
         for _ in range(num_blocks):
-            if self._free:
-                block_id = self._free.pop()
+            empty = self._take_empty()
+            if empty is not None:
+                block_id = empty
             else:
                 victim = self.eviction.pop()
                 assert victim is not None, "eviction strategy lost a block"
@@ -219,9 +235,12 @@ class KVPool:
         for h in hashes:
             if h in self._index:
                 continue
-            if h not in self.host or not self._free:
+            if h not in self.host:
                 break
-            block_id = self._free.pop()
+            empty = self._take_empty()
+            if empty is None:
+                break
+            block_id = empty
             self._hash[block_id] = h
             self._index[h] = block_id
             self.eviction.add(block_id, h)
@@ -251,7 +270,7 @@ class KVPool:
         for block_id in list(self._index.values()):
             self.eviction.remove(block_id)
             self._forget(block_id, offload=False)
-        self._free = list(range(self.num_device_blocks - 1, -1, -1))
+        self._ref, self._hash, self._free = [], [], []
         self.host.clear()
 
     # -- integrity -------------------------------------------------------------------
@@ -259,18 +278,22 @@ class KVPool:
         """Raise AssertionError unless free + evictable + in use == total, every index
         entry points at a live block holding that hash, and ref counts agree."""
         total = self.num_device_blocks
+        seen = len(self._ref)
+        if len(self._hash) != seen or seen > total:
+            raise AssertionError(f"block state for {seen} blocks of {total}")
         free = set(self._free)
-        if len(free) != len(self._free):
-            raise AssertionError("a block is on the free list twice")
-        in_use = {b for b in range(total) if self._ref[b] > 0}
-        evictable = {b for b in range(total) if b in self.eviction}
+        if len(free) != len(self._free) or any(b >= seen for b in free):
+            raise AssertionError("a block is on the free list twice or was never handed out")
+        in_use = {b for b in range(seen) if self._ref[b] > 0}
+        evictable = {b for b in range(seen) if b in self.eviction}
         if len(evictable) != len(self.eviction):
             raise AssertionError("eviction strategy holds unknown blocks")
         if free & in_use or free & evictable or in_use & evictable:
             raise AssertionError("a block is in two states")
-        if len(free) + len(evictable) + len(in_use) != total:
+        num_free = len(free) + self._num_fresh
+        if num_free + len(evictable) + len(in_use) != total:
             raise AssertionError(
-                f"free {len(free)} + evictable {len(evictable)} + in use {len(in_use)}"
+                f"free {num_free} + evictable {len(evictable)} + in use {len(in_use)}"
                 f" != total {total}"
             )
         if len(in_use) != self._num_in_use:

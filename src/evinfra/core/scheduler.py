@@ -340,11 +340,11 @@ class NodeScheduler:
                 hi = mid
         return lo
 
-    def reserve_decode_run(self, num_steps: int) -> None:
-        """Allocate now every block a decode run of `num_steps` will need, so that work
-        arriving during the run cannot take them."""
+    def reserve_decode_run(self, seqs: Seq[Sequence], num_steps: int) -> None:
+        """Allocate now every block a decode run of `num_steps` over `seqs` (the plan's
+        decodes) will need, so that work arriving during the run cannot take them."""
         bs = self.block_size
-        for seq in self.running:
+        for seq in seqs:
             need = seq.num_blocks_needed(seq.num_computed_tokens + num_steps, bs)
             if need:
                 ids = self.pool.try_allocate(need)
@@ -352,12 +352,12 @@ class NodeScheduler:
                     raise ValueError(f"decode run of {num_steps} steps exceeds free KV")
                 seq.block_ids.extend(ids)
 
-    def apply_decode_run(self, num_steps: int) -> StepOutcome:
-        """Advance every running sequence by `num_steps` decode steps at once (at most
-        `max_decode_run_steps()`)."""
+    def apply_decode_run(self, seqs: Seq[Sequence], num_steps: int) -> StepOutcome:
+        """Advance `seqs` (the decodes of the plan that started the run; work that joined
+        during it waits for the next step) by `num_steps` decode steps at once."""
         out = StepOutcome()
         bs = self.block_size
-        for seq in list(self.running):
+        for seq in seqs:
             need = seq.num_blocks_needed(seq.num_computed_tokens + num_steps, bs)
             if need:
                 ids = self.pool.try_allocate(need)

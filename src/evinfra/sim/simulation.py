@@ -299,7 +299,7 @@ class Simulation:
         if not plan.chunks and len(plan.decodes) == len(node.sched.running):
             k = node.sched.max_decode_run_steps()
         if k > 1:
-            node.sched.reserve_decode_run(k)
+            node.sched.reserve_decode_run(plan.decodes, k)
             args = node.decode_run_args()
             dur = node.run_time_s(args, k)
             node.step = StepInFlight(plan, now + delay, now + delay + dur, k, args)
@@ -325,7 +325,7 @@ class Simulation:
             return
         sched = node.sched
         if step.num_steps > 1:
-            out = sched.apply_decode_run(step.num_steps)
+            out = sched.apply_decode_run(step.plan.decodes, step.num_steps)
         else:
             out = sched.complete_step(step.plan)
         for seq in out.prefilled:

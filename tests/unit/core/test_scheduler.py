@@ -113,8 +113,9 @@ def test_decode_run_equals_single_steps() -> None:
         sched.complete_step(plan)
     k = a.max_decode_run_steps()
     assert k == 4  # request 2 has 4 tokens left after the prefill's one
-    a.reserve_decode_run(k)
-    out = a.apply_decode_run(k)
+    seqs = list(a.running)
+    a.reserve_decode_run(seqs, k)
+    out = a.apply_decode_run(seqs, k)
     for _ in range(k):
         plan = b.schedule()
         assert plan is not None
