@@ -1,0 +1,539 @@
+"""The `local` runtime: node worker processes on this machine, driven from an asyncio
+frontend through the same policies the simulator runs.
+
+The frontend routes each request with the bundle's router over views built from the
+workers' snapshots, runs the planner every `interval_s` and applies its role changes, and
+applies the KV manager's actions. Workers stream token ids back; a request's events reach
+its caller through an asyncio queue. A worker that dies is noticed through its process
+sentinel: its requests are resent to another node if nothing was streamed yet, else failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait as wait_sentinels
+from typing import Any
+
+from evinfra.core.blocks import hash_token_blocks
+from evinfra.core.types import AgentHints, Request, Role, RoleChange, SwitchMode
+from evinfra.policy.base import DropBlocks, KVAction, OffloadBlocks, RequestArrived
+from evinfra.policy.bundle import ClusterShape, SystemBundle, available_systems, make_system
+from evinfra.serve.executors import ExecutorSpec
+from evinfra.serve.metrics import ServerMetrics
+from evinfra.serve.protocol import (
+    Abort,
+    ApplyKV,
+    CheckIntegrity,
+    Generation,
+    IntegrityReport,
+    KVActionKind,
+    NodeStats,
+    RequestFailed,
+    Sampling,
+    SetRole,
+    Shutdown,
+    Submit,
+    TokensOut,
+    WorkerFailed,
+    WorkerReady,
+)
+from evinfra.serve.requests import LiveRequest, RequestHandle, StreamEvent, finished_observation
+from evinfra.serve.view import ClusterState, NodeState
+from evinfra.serve.worker import WorkerSpec, worker_main
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SYSTEMS = ("evolving", "aggregated", "least-loaded")
+"""`--system` default: the first of these that is registered (evolving, once it lands)."""
+OPTIONAL_SYSTEM_MODULES = (
+    "evinfra.policy.aggregated",
+    "evinfra.policy.dynamo.bundles",
+    "evinfra.policy.evolving",
+)
+
+
+def load_systems() -> list[str]:
+    """Import the bundle modules that exist (registering them) and list the systems."""
+    import importlib
+
+    for module in OPTIONAL_SYSTEM_MODULES:
+        with contextlib.suppress(ModuleNotFoundError):
+            importlib.import_module(module)
+    return available_systems()
+
+
+def default_system() -> str:
+    known = load_systems()
+    return next(name for name in DEFAULT_SYSTEMS if name in known)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    executor: ExecutorSpec
+    num_nodes: int = 2
+    system: str | None = None
+    """None: `default_system()`."""
+    system_options: dict[str, object] = field(default_factory=dict)
+    num_blocks: int = 512
+    block_size: int = 16
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    max_prefill_chunk_tokens: int | None = None
+    stats_interval_s: float = 0.05
+    kv_tick_s: float = 1.0
+    check_integrity: bool = False
+    ready_timeout_s: float = 300.0
+    max_retries: int = 1
+    """Times a request is resent after its node died before streaming anything."""
+    kv_bytes_per_token: int = 0
+    """For the bundle's cluster shape (0: unknown)."""
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 1:
+            raise ValueError("num_nodes must be >= 1")
+
+
+class LocalCluster:
+    """Node workers plus the policies that drive them. Call from one asyncio loop."""
+
+    def __init__(self, config: ClusterConfig, now: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.system = config.system or default_system()
+        self._now = now
+        self._t0 = now()
+        shape = ClusterShape(
+            num_nodes=config.num_nodes,
+            block_size=config.block_size,
+            num_device_blocks_per_node=config.num_blocks,
+            num_host_blocks_per_node=0,
+            kv_bytes_per_token=config.kv_bytes_per_token,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+        )
+        if self.system not in load_systems():
+            raise KeyError(f"unknown system {self.system!r}; known: {', '.join(load_systems())}")
+        self.bundle: SystemBundle = make_system(self.system, shape, dict(config.system_options))
+        if len(self.bundle.initial_roles) != config.num_nodes:
+            raise ValueError(f"system {self.system} gave {len(self.bundle.initial_roles)} roles")
+        self.metrics = ServerMetrics()
+        self.nodes: list[NodeState] = []
+        self.view = ClusterState(self.nodes)
+        self._live: dict[int, LiveRequest] = {}
+        self._next_rid = 1
+        self._procs: list[Any] = []
+        self._inboxes: list[Any] = []
+        self._outbox: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready: dict[int, WorkerReady] = {}
+        self._first_stats: dict[int, NodeStats] = {}
+        self._ready_event = asyncio.Event()
+        self._start_error: str | None = None
+        self._integrity: dict[int, asyncio.Future[IntegrityReport]] = {}
+        self._next_token = 1
+        self._tasks: list[asyncio.Task[None]] = []
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self._closing = False
+        self.started = False
+
+    def now_s(self) -> float:
+        return self._now() - self._t0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Spawn the workers and wait until each has built its executor."""
+        self._loop = asyncio.get_running_loop()
+        ctx = multiprocessing.get_context("spawn")
+        cfg = self.config
+        self._outbox = ctx.Queue()
+        self._inboxes = [ctx.Queue() for _ in range(cfg.num_nodes)]
+        for i, role in enumerate(self.bundle.initial_roles):
+            spec = WorkerSpec(
+                node_id=i,
+                role=role,
+                executor=cfg.executor,
+                num_blocks=cfg.num_blocks,
+                block_size=cfg.block_size,
+                max_num_batched_tokens=cfg.max_num_batched_tokens,
+                max_num_seqs=cfg.max_num_seqs,
+                max_prefill_chunk_tokens=cfg.max_prefill_chunk_tokens,
+                eviction=_picklable_eviction(self.bundle, i),
+                stats_interval_s=cfg.stats_interval_s,
+                check_integrity=cfg.check_integrity,
+            )
+            proc = ctx.Process(
+                target=worker_main,
+                args=(spec, self._inboxes[i], self._outbox, self._inboxes),
+                name=f"evinfra-node-{i}",
+                daemon=True,
+            )
+            proc.start()
+            self._procs.append(proc)
+        self._spawn_thread(self._read_outbox, "evinfra-outbox")
+        self._spawn_thread(self._watch_processes, "evinfra-sentinels")
+        try:
+            await asyncio.wait_for(self._ready_event.wait(), cfg.ready_timeout_s)
+        except TimeoutError:
+            await self.stop()
+            raise RuntimeError(f"workers not ready after {cfg.ready_timeout_s} s") from None
+        if self._start_error is not None:
+            await self.stop()
+            raise RuntimeError(f"a worker failed to start:\n{self._start_error}")
+        if self.bundle.planner is not None:
+            self._tasks.append(asyncio.create_task(self._plan_loop()))
+        self._tasks.append(asyncio.create_task(self._kv_tick_loop()))
+        self.started = True
+
+    def _spawn_thread(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Ask every worker to stop, wait for them, kill the ones that do not exit."""
+        self._closing = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        for live in list(self._live.values()):
+            self._fail(live, "server shutting down")
+        for inbox, proc in zip(self._inboxes, self._procs, strict=True):
+            if proc.is_alive():
+                inbox.put(Shutdown())
+        deadline = time.monotonic() + timeout_s
+        for proc in self._procs:
+            await asyncio.to_thread(proc.join, max(0.1, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                await asyncio.to_thread(proc.join, 5.0)
+        self._stopping.set()
+        if self._outbox is not None:
+            self._outbox.put(None)  # wakes the reader thread
+        for thread in self._threads:
+            await asyncio.to_thread(thread.join, 5.0)
+        for q in [*self._inboxes, self._outbox]:
+            if q is not None:
+                q.close()
+                q.cancel_join_thread()
+        self.started = False
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [int(p.pid) for p in self._procs]
+
+    @property
+    def is_ready(self) -> bool:
+        return self.started and any(n.alive for n in self.nodes)
+
+    # -- threads -> loop -------------------------------------------------------------------
+    def _read_outbox(self) -> None:
+        assert self._loop is not None
+        while not self._stopping.is_set():
+            try:
+                batch = self._outbox.get()
+            except (EOFError, OSError, ValueError):
+                return
+            if batch is None:
+                return
+            self._loop.call_soon_threadsafe(self._dispatch_batch, batch)
+
+    def _watch_processes(self) -> None:
+        assert self._loop is not None
+        pending = {p.sentinel: i for i, p in enumerate(self._procs)}
+        while pending and not self._stopping.is_set():
+            for sentinel in wait_sentinels(list(pending), timeout=0.5):
+                node_id = pending.pop(sentinel)  # type: ignore[call-overload]
+                self._procs[node_id].join(1.0)  # reap it, so its exit code is known
+                if not self._stopping.is_set():
+                    self._loop.call_soon_threadsafe(self._on_node_death, node_id)
+
+    def _dispatch_batch(self, batch: list[Any]) -> None:
+        for msg in batch:
+            try:
+                self._dispatch(msg)
+            except Exception:
+                log.exception("error handling %r", msg)
+
+    def _dispatch(self, msg: Any) -> None:
+        if isinstance(msg, TokensOut):
+            self._on_tokens(msg)
+        elif isinstance(msg, NodeStats):
+            if msg.node_id < len(self.nodes):
+                self.nodes[msg.node_id].update(msg)
+        elif isinstance(msg, RequestFailed):
+            live = self._live.get(msg.request_id)
+            if live is not None:
+                self._fail(live, msg.message)
+        elif isinstance(msg, IntegrityReport):
+            fut = self._integrity.pop(msg.token, None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        elif isinstance(msg, WorkerReady):
+            self._ready[msg.node_id] = msg
+        elif isinstance(msg, WorkerFailed):
+            self._start_error = f"node {msg.node_id}: {msg.message}"
+            self._ready_event.set()
+        self._check_ready(msg)
+
+    def _check_ready(self, msg: Any) -> None:
+        if self.nodes or not isinstance(msg, NodeStats):
+            return
+        # the first snapshots arrive right after each WorkerReady
+        self._first_stats[msg.node_id] = msg
+        if len(self._first_stats) == self.config.num_nodes:
+            self.nodes.extend(NodeState(i, self._first_stats[i]) for i in range(len(self._procs)))
+            self._ready_event.set()
+
+    # -- requests --------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        *,
+        stop_token_ids: frozenset[int] = frozenset(),
+        sampling: Sampling = Sampling(),
+        hints: AgentHints | None = None,
+    ) -> RequestHandle:
+        """Route and submit one request; its events arrive on the returned handle."""
+        if not self.started:
+            raise RuntimeError("cluster not started")
+        self.metrics.num_requests += 1
+        rid = self._take_rid()
+        request = Request(
+            request_id=rid,
+            prompt_hashes=tuple(hash_token_blocks(prompt_ids, self.config.block_size)),
+            num_prompt_tokens=len(prompt_ids),
+            max_output_tokens=max_tokens,
+            hints=hints,
+        )
+        generation = Generation(tuple(prompt_ids), stop_token_ids, sampling)
+        handle = RequestHandle(rid, len(prompt_ids), self._abort_handle)
+        live = LiveRequest(request, generation, handle, arrival_s=self.now_s())
+        now = self.now_s()
+        self._apply_kv(self.bundle.kv_manager.on_arrival(request, now))
+        if self.bundle.planner is not None:
+            self.bundle.planner.observe(RequestArrived(request, now))
+        self._submit(live)
+        return handle
+
+    def _take_rid(self) -> int:
+        rid = self._next_rid
+        self._next_rid += 1
+        return rid
+
+    def _submit(self, live: LiveRequest) -> None:
+        try:
+            route = self.bundle.router.route(live.request, self.view, self.now_s())
+        except RuntimeError as exc:
+            self._fail(live, f"no node can take the request: {exc}")
+            return
+        for node_id in (route.prefill_node, route.decode_node):
+            if not 0 <= node_id < len(self.nodes) or not self.nodes[node_id].alive:
+                self._fail(live, f"router {self.system} chose unusable node {node_id}")
+                return
+        live.route = route
+        self._live[live.request.request_id] = live
+        prefill = self.nodes[route.prefill_node]
+        match = prefill.match_prefix(live.request.prompt_hashes)
+        uncached = max(0, live.request.num_prompt_tokens - match.num_blocks * prefill.block_size)
+        seq = prefill.record_submit(live.request.request_id, uncached)
+        if route.is_disaggregated:
+            decode = self.nodes[route.decode_node]
+            decode.incoming[live.request.request_id] = decode.blocks_for(
+                live.request.num_prompt_tokens + 1
+            )
+        self._inboxes[route.prefill_node].put(
+            Submit(live.request, live.generation, route.decode_node, seq)
+        )
+
+    def _on_tokens(self, msg: TokensOut) -> None:
+        live = self._live.get(msg.request_id)
+        if live is None:
+            return
+        now = self.now_s()
+        if msg.num_cached_tokens is not None:
+            live.num_cached_tokens = msg.num_cached_tokens
+        if msg.num_transfer_bytes:
+            live.num_transfer_bytes += msg.num_transfer_bytes
+            self.metrics.num_kv_bytes_moved += msg.num_transfer_bytes
+        if msg.token_ids:
+            self._clear_incoming(live)
+            for _ in msg.token_ids:
+                if live.first_token_s is None:
+                    live.first_token_s = now
+                    self.metrics.ttft_s.observe(now - live.arrival_s)
+                elif live.last_token_s is not None:
+                    self.metrics.itl_s.observe(now - live.last_token_s)
+                live.last_token_s = now
+            live.num_output_tokens += len(msg.token_ids)
+            self.metrics.num_output_tokens += len(msg.token_ids)
+        live.handle.push(StreamEvent(msg.token_ids, msg.finish))
+        if msg.finish is not None:
+            self._finish(live, msg.node_id, now)
+
+    def _finish(self, live: LiveRequest, node_id: int, now: float) -> None:
+        del self._live[live.request.request_id]
+        self._clear_incoming(live)
+        live.handle.num_cached_tokens = live.num_cached_tokens
+        self.metrics.num_finished += 1
+        self.metrics.num_prompt_tokens += live.request.num_prompt_tokens
+        self.metrics.num_cached_prompt_tokens += live.num_cached_tokens
+        self.metrics.e2e_s.observe(now - live.arrival_s)
+        self._apply_kv(self.bundle.kv_manager.on_finish(live.request, node_id, now))
+        if self.bundle.planner is not None:
+            self.bundle.planner.observe(finished_observation(live, now))
+
+    def _clear_incoming(self, live: LiveRequest) -> None:
+        if live.route is not None:
+            self.nodes[live.route.decode_node].incoming.pop(live.request.request_id, None)
+
+    def _fail(self, live: LiveRequest, message: str) -> None:
+        rid = live.request.request_id
+        self._live.pop(rid, None)
+        self._clear_incoming(live)
+        self._abort_on_nodes(live)
+        self.metrics.num_failed += 1
+        live.handle.push(StreamEvent((), None, error=message))
+
+    def _abort_on_nodes(self, live: LiveRequest) -> None:
+        if live.route is None:
+            return
+        for node_id in {live.route.prefill_node, live.route.decode_node}:
+            if self.nodes[node_id].alive:
+                self._inboxes[node_id].put(Abort(live.request.request_id))
+
+    def _abort_handle(self, handle: RequestHandle) -> None:
+        """The client went away: drop the request on its nodes (frees its KV)."""
+        live = self._live.pop(handle.request_id, None)
+        if live is None:
+            return
+        self._clear_incoming(live)
+        self.metrics.num_aborted += 1
+        self._abort_on_nodes(live)
+
+    def _on_node_death(self, node_id: int) -> None:
+        if self._closing:
+            return
+        node = self.nodes[node_id] if node_id < len(self.nodes) else None
+        code = self._procs[node_id].exitcode
+        message = f"node {node_id} died (exit code {code})"
+        log.error(message)
+        if node is None:  # during start-up
+            self._start_error = message
+            self._ready_event.set()
+            return
+        node.alive = False
+        self.metrics.num_node_failures += 1
+        for live in list(self._live.values()):
+            route = live.route
+            if route is None or node_id not in (route.prefill_node, route.decode_node):
+                continue
+            if live.num_output_tokens == 0 and live.num_retries < self.config.max_retries:
+                self._retry(live)
+            else:
+                self._fail(live, message)
+
+    def _retry(self, live: LiveRequest) -> None:
+        old = live.request.request_id
+        self._live.pop(old, None)
+        self._clear_incoming(live)
+        self._abort_on_nodes(live)
+        rid = self._take_rid()
+        live.request = Request(
+            rid, live.request.prompt_hashes, live.request.num_prompt_tokens,
+            live.request.max_output_tokens, hints=live.request.hints,
+        )  # fmt: skip
+        live.handle.request_id = rid
+        live.num_retries += 1
+        self.metrics.num_retried += 1
+        self._submit(live)
+
+    # -- policies --------------------------------------------------------------------------
+    async def _plan_loop(self) -> None:
+        planner = self.bundle.planner
+        assert planner is not None
+        while True:
+            await asyncio.sleep(planner.interval_s)
+            for change in planner.plan(self.view, self.now_s()):
+                self.apply_role_change(change)
+
+    def apply_role_change(self, change: RoleChange) -> bool:
+        """Tell a node its new role; False when nothing changes (dead, same role)."""
+        node = self.nodes[change.node_id]
+        if not node.alive or not node.is_serving or node.role is change.new_role:
+            return False
+        restart = change.mode is SwitchMode.RESTART
+        seq = node.order_role(change.new_role, restart)
+        cold = self.bundle.cold_start_s if restart else 0.0
+        self._inboxes[change.node_id].put(SetRole(change.new_role, restart, cold, seq))
+        self.metrics.num_role_switches += 1
+        return True
+
+    def set_role(self, node_id: int, role: Role) -> bool:
+        if not 0 <= node_id < len(self.nodes):
+            raise ValueError(f"no node {node_id}")
+        return self.apply_role_change(RoleChange(node_id, role, SwitchMode.IN_PLACE))
+
+    async def _kv_tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.kv_tick_s)
+            self._apply_kv(self.bundle.kv_manager.on_tick(self.view, self.now_s()))
+
+    def _apply_kv(self, actions: list[KVAction]) -> None:
+        for action in actions:
+            if isinstance(action, DropBlocks):
+                kind, targets = KVActionKind.DROP, (
+                    range(len(self.nodes)) if action.node_id is None else [action.node_id]
+                )
+            elif isinstance(action, OffloadBlocks):
+                kind, targets = KVActionKind.OFFLOAD, [action.node_id]
+            else:
+                kind, targets = KVActionKind.PREFETCH, [action.node_id]
+            for node_id in targets:
+                if self.nodes[node_id].alive:
+                    self._inboxes[node_id].put(ApplyKV(kind, action.hashes))
+
+    # -- inspection ------------------------------------------------------------------------
+    async def check_integrity(self, timeout_s: float = 10.0) -> list[IntegrityReport]:
+        """Every live node's integrity check (pool and scheduler)."""
+        assert self._loop is not None
+        futures = []
+        for node in self.nodes:
+            if not node.alive:
+                continue
+            token = self._next_token
+            self._next_token += 1
+            fut: asyncio.Future[IntegrityReport] = self._loop.create_future()
+            self._integrity[token] = fut
+            self._inboxes[node.node_id].put(CheckIntegrity(token))
+            futures.append(fut)
+        return list(await asyncio.wait_for(asyncio.gather(*futures), timeout_s))
+
+    @property
+    def num_live_requests(self) -> int:
+        return len(self._live)
+
+
+def _picklable_eviction(bundle: SystemBundle, node_id: int) -> Any:
+    """The bundle's eviction strategy for a node, if it can cross into the worker process
+    (a strategy whose scores live in the frontend's KV manager cannot: LRU then)."""
+    import pickle
+
+    eviction = bundle.kv_manager.eviction_for(node_id)
+    try:
+        pickle.dumps(eviction)
+    except Exception:
+        log.warning("node %d: eviction strategy %s stays LRU in the worker", node_id, eviction)
+        return None
+    return eviction
+
