@@ -1,56 +1,14 @@
-"""Helpers for the engine tests: a transformers reference built from our weights, and a
-tiny GGUF file written from a tiny model (as llama.cpp's converter lays it out)."""
+"""Helpers for the engine tests: a tiny GGUF file written from a tiny model, laid out
+as llama.cpp's converter lays it out."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import torch
 
 from evinfra.serve.engine.model import LlamaDecoder
 from evinfra.serve.engine.tokenizer import TokenizerSpec
-
-
-def hf_reference(model: LlamaDecoder) -> Any:
-    """transformers' LlamaForCausalLM with the same config and weights (nothing downloaded)."""
-    from transformers import LlamaConfig as HFLlamaConfig
-    from transformers import LlamaForCausalLM
-
-    c = model.config
-    hf_config = HFLlamaConfig(
-        vocab_size=c.vocab_size,
-        hidden_size=c.hidden_size,
-        intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads,
-        rope_theta=c.rope_theta,
-        rms_norm_eps=c.rms_norm_eps,
-        tie_word_embeddings=c.tie_word_embeddings,
-        max_position_embeddings=c.max_position_embeddings,
-        bos_token_id=c.bos_token_id,
-        eos_token_id=c.eos_token_id,
-        pad_token_id=c.eos_token_id,
-    )
-    hf = LlamaForCausalLM(hf_config)
-    state = {k: v.detach().clone().float() for k, v in model.state_dict().items()}
-    missing, unexpected = hf.load_state_dict(state, strict=False)
-    assert not unexpected, unexpected
-    assert set(missing) <= {"lm_head.weight"}, missing
-    return hf.eval()
-
-
-def hf_greedy(hf: Any, prompt_ids: list[int], num_tokens: int) -> list[int]:
-    with torch.no_grad():
-        out = hf.generate(
-            torch.tensor([prompt_ids]),
-            max_new_tokens=num_tokens,
-            min_new_tokens=num_tokens,
-            do_sample=False,
-        )
-    return [int(t) for t in out[0, len(prompt_ids) :]]
 
 
 def permute_for_gguf(weight: np.ndarray, num_heads: int) -> np.ndarray:

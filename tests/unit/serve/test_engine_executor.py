@@ -27,7 +27,7 @@ def greedy_alone(prompt: list[int], num_tokens: int, seed: int = 0) -> list[int]
 
 def test_greedy_decoding_matches_transformers_from_a_chat_prompt() -> None:
     pytest.importorskip("transformers")
-    from tests.unit.serve.engine_support import hf_greedy, hf_reference
+    from evinfra.serve.engine.hf_reference import hf_greedy, hf_reference
 
     loaded = make_tiny_model(seed=3)
     prompt = loaded.tokenizer.encode_chat([{"role": "user", "content": "Hello, tiny model!"}])

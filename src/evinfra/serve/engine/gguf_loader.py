@@ -24,7 +24,7 @@ from gguf.quants import dequantize
 
 from evinfra.serve.engine.config import LlamaConfig
 from evinfra.serve.engine.model import LlamaDecoder
-from evinfra.serve.engine.tokenizer import ChatTokenizer, TokenizerSpec
+from evinfra.serve.engine.tokenizer import CHATML_TEMPLATE, ChatTokenizer, TokenizerSpec
 
 CACHE_DIR_ENV = "EVINFRA_CACHE_DIR"
 _CACHE_FORMAT = 1  # bump when the cached layout or conversion changes
@@ -60,13 +60,16 @@ def default_cache_dir() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "evinfra"
 
 
-def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
+def _field(reader: GGUFReader, key: str) -> Any:
     field = reader.fields.get(key)
     if field is None:
-        if default is None:
-            raise KeyError(f"GGUF metadata lacks {key}")
-        return default
+        raise KeyError(f"GGUF metadata lacks {key}")
     return field.contents()
+
+
+def _field_or(reader: GGUFReader, key: str, default: Any) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
 
 
 def read_config(reader: GGUFReader) -> LlamaConfig:
@@ -80,13 +83,13 @@ def read_config(reader: GGUFReader) -> LlamaConfig:
     num_tokens = len(reader.fields["tokenizer.ggml.tokens"].data)
     names = {t.name for t in reader.tensors}
     config = LlamaConfig(
-        vocab_size=int(_field(reader, f"{arch}.vocab_size", num_tokens)),
+        vocab_size=int(_field_or(reader, f"{arch}.vocab_size", num_tokens)),
         hidden_size=int(_field(reader, f"{arch}.embedding_length")),
         intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
         num_layers=int(_field(reader, f"{arch}.block_count")),
         num_heads=num_heads,
-        num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", num_heads)),
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        num_kv_heads=int(_field_or(reader, f"{arch}.attention.head_count_kv", num_heads)),
+        rope_theta=float(_field_or(reader, f"{arch}.rope.freq_base", 10000.0)),
         rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
         tie_word_embeddings="output.weight" not in names,
         max_position_embeddings=int(_field(reader, f"{arch}.context_length")),
@@ -114,13 +117,13 @@ def read_tokenizer_spec(reader: GGUFReader) -> TokenizerSpec:
     add_bos = reader.fields.get("tokenizer.ggml.add_bos_token")
     return TokenizerSpec(
         tokens=tuple(_field(reader, "tokenizer.ggml.tokens")),
-        merges=tuple(_field(reader, "tokenizer.ggml.merges")),
+        merges=tuple(_field_or(reader, "tokenizer.ggml.merges", ())),  # none: bytes only
         token_types=tuple(int(t) for t in _field(reader, "tokenizer.ggml.token_type")),
-        pre=str(_field(reader, "tokenizer.ggml.pre", "default")),
+        pre=str(_field_or(reader, "tokenizer.ggml.pre", "default")),
         bos_token_id=_optional_int(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_id=eos,
         add_bos=bool(add_bos.contents()) if add_bos is not None else False,
-        chat_template=str(_field(reader, "tokenizer.chat_template")),
+        chat_template=str(_field_or(reader, "tokenizer.chat_template", CHATML_TEMPLATE)),
     )
 
 
@@ -187,6 +190,16 @@ def load_gguf(
     if entry is not None:
         _write_cache(entry, config, state, tokenizer)
     return LoadedModel(model_from_state_dict(config, state), tokenizer, from_cache=False)
+
+
+def load_gguf_tokenizer(gguf_path: Path | str, cache_dir: Path | None = None) -> ChatTokenizer:
+    """Only the tokenizer: from the converted copy when there is one (fast), else read from
+    the GGUF metadata (the weights are left alone)."""
+    path = Path(gguf_path)
+    entry = _cache_entry(path, cache_dir or default_cache_dir())
+    if (entry / "config.json").exists():
+        return ChatTokenizer.load(entry)
+    return ChatTokenizer.from_spec(read_tokenizer_spec(GGUFReader(path)))
 
 
 def _write_cache(
