@@ -48,10 +48,10 @@ class TraceWorkload:
 
 
 class RowError(ValueError):
-    """A malformed trace row; the message starts with `file:line:`."""
+    """A malformed trace row; the message starts with `FILE line N:`."""
 
     def __init__(self, path: Path, lineno: int, message: str) -> None:
-        super().__init__(f"{path}:{lineno}: {message}")
+        super().__init__(f"{path} line {lineno}: {message}")
 
 
 def check_rate_scale(rate_scale: float) -> None:

@@ -50,8 +50,7 @@ def test_coding_swe_profile_matches_swe_bench_run(swe: WorkloadStats) -> None:
 
 
 def test_coding_tracelab_profile_is_heavier_and_compacts() -> None:
-    s = stats_of(make_workload("coding", seed=2, num_sessions=100,
-                               params={"profile": "tracelab"}))
+    s = stats_of(make_workload("coding", seed=2, num_sessions=100, params={"profile": "tracelab"}))
     # TraceLab: mean output ~520 per step; compaction in a share of sessions at ~167k.
     assert within(s.output_tokens.mean, 520, 0.25)
     assert 0.03 <= s.compacting_session_share <= 0.35
@@ -106,8 +105,9 @@ def test_computer_use_screenshots_steps_and_truncation() -> None:
 
 
 def test_mixed_shares_shift_by_phase() -> None:
-    w = make_workload("mixed", seed=6, session_rate_per_s=2.0, num_sessions=1_200,
-                      params={"phase_s": 200})
+    w = make_workload(
+        "mixed", seed=6, session_rate_per_s=2.0, num_sessions=1_200, params={"phase_s": 200}
+    )
     counts: dict[int, dict[str, int]] = {}
     for a in w.arrivals():
         phase = int(a.start_s // 200) % 3
@@ -119,8 +119,13 @@ def test_mixed_shares_shift_by_phase() -> None:
 
 
 def test_mixed_by_session_count_under_concurrency() -> None:
-    w = make_workload("mixed", seed=6, concurrency=8, num_sessions=300,
-                      params={"phase_sessions": 100, "phases": "1/0/0,0/1/0,0/0/1"})
+    w = make_workload(
+        "mixed",
+        seed=6,
+        concurrency=8,
+        num_sessions=300,
+        params={"phase_sessions": 100, "phases": "1/0/0,0/1/0,0/0/1"},
+    )
     kinds = [a.plan.kind for a in w.arrivals()]
     assert set(kinds[:100]) == {"coding"} and set(kinds[100:200]) == {"math"}
     assert set(kinds[200:]) == {"computer-use"}
@@ -141,8 +146,13 @@ def test_poisson_and_bursty_rates() -> None:
     gaps = [y - x for x, y in itertools.pairwise(starts)]
     assert within(statistics.mean(gaps), 0.25, 0.08)
     assert within(statistics.stdev(gaps) / statistics.mean(gaps), 1.0, 0.1)
-    bursty = make_workload("math", seed=9, session_rate_per_s=4.0, num_sessions=3_000,
-                           params={"arrival": "bursty", "burstiness": 3.0})
+    bursty = make_workload(
+        "math",
+        seed=9,
+        session_rate_per_s=4.0,
+        num_sessions=3_000,
+        params={"arrival": "bursty", "burstiness": 3.0},
+    )
     starts = [a.start_s for a in bursty.arrivals()]
     gaps = [y - x for x, y in itertools.pairwise(starts)]
     assert within(statistics.mean(gaps), 0.25, 0.25)

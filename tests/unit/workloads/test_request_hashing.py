@@ -26,7 +26,9 @@ segments_strategy = st.lists(
 @given(segments_strategy, st.sampled_from([1, 3, 16, 64, 512]))
 @settings(max_examples=200, deadline=None)
 def test_segment_hashes_equal_core(segments: list[Segment], block_size: int) -> None:
-    assert list(segment_hashes(segments, block_size)) == hash_segment_blocks(segments, block_size)[0]
+    assert (
+        list(segment_hashes(segments, block_size)) == hash_segment_blocks(segments, block_size)[0]
+    )
 
 
 def tracelab_plans(n: int) -> list[SessionPlan]:
@@ -64,7 +66,7 @@ def test_requests_match_direct_hashing_with_and_without_cache() -> None:
             assert req.num_prompt_tokens == total == call.num_prompt_tokens
             out = Segment(call.output_content_id, call.num_output_tokens)
             with_out, _ = hash_segment_blocks((*call.segments, out), 32)
-            assert req.output_hashes == tuple(with_out[len(full):])
+            assert req.output_hashes == tuple(with_out[len(full) :])
             assert req.max_output_tokens == call.num_output_tokens
     assert {ContextEvent.COMPACT, ContextEvent.FORK, ContextEvent.JOIN} <= events
 
@@ -82,8 +84,10 @@ def test_hints_carry_session_state_and_can_be_stripped() -> None:
     assert child_req.hints.parent_session_id == plan.session_id
     assert child_req.hints.context_event is ContextEvent.FORK
     assert make_request(9, plan, 0, 64, False).hints is None
-    assert make_request(9, plan, 0, 64, False).prompt_hashes == make_request(
-        9, plan, 0, 64, True).prompt_hashes
+    assert (
+        make_request(9, plan, 0, 64, False).prompt_hashes
+        == make_request(9, plan, 0, 64, True).prompt_hashes
+    )
 
 
 def test_render_tokens_is_deterministic_and_in_range() -> None:

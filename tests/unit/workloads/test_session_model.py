@@ -129,8 +129,9 @@ def test_build_without_calls_is_an_error() -> None:
 
 
 def _consecutive(plan: SessionPlan, event: ContextEvent) -> list[tuple[Call, Call]]:
-    return [(a, b) for a, b in zip(plan.calls, plan.calls[1:], strict=False)
-            if b.context_event is event]
+    return [
+        (a, b) for a, b in zip(plan.calls, plan.calls[1:], strict=False) if b.context_event is event
+    ]
 
 
 def test_generated_compaction_breaks_after_head() -> None:
@@ -146,7 +147,9 @@ def test_generated_compaction_breaks_after_head() -> None:
         head = compacted.segments[:3]
         assert summarise.segments[:3] == head
         assert compacted.segments[3] == output_of(summarise)
-        assert hash_block_break(summarise, compacted) == tokens_before(compacted.segments, 3) // BLOCK
+        assert (
+            hash_block_break(summarise, compacted) == tokens_before(compacted.segments, 3) // BLOCK
+        )
 
 
 def test_generated_screenshot_truncation_breaks_where_tokens_break() -> None:
@@ -155,8 +158,9 @@ def test_generated_screenshot_truncation_breaks_where_tokens_break() -> None:
     pairs = _consecutive(plan, ContextEvent.TRUNCATE)
     assert len(pairs) >= 10
     for prev, cut in pairs:
-        dropped = next(i for i, (x, y) in enumerate(zip(prev.segments, cut.segments, strict=False))
-                       if x != y)
+        dropped = next(
+            i for i, (x, y) in enumerate(zip(prev.segments, cut.segments, strict=False)) if x != y
+        )
         expected = tokens_before(cut.segments, dropped) // BLOCK
         assert hash_block_break(prev, cut) == expected
         assert token_block_break(prev, cut) == expected
