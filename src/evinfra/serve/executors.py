@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from evinfra.costmodel.base import BatchShape
+from evinfra.costmodel.base import BatchShape, CostModel
 from evinfra.serve.protocol import Sampling
 
 if TYPE_CHECKING:
@@ -124,26 +124,74 @@ def load_torch_model(spec: ExecutorSpec) -> Any:
     return load_smollm2()
 
 
-def load_tokenizer(spec: ExecutorSpec) -> ChatTokenizer:
-    """The tokenizer the frontend encodes prompts with. The timed executor has no model:
-    it uses the byte-level test tokenizer."""
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+TIMED_MAX_CONTEXT_TOKENS = 1 << 20
+FLOAT32_BYTES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What the frontend needs to know about the served model."""
+
+    name: str
+    aliases: frozenset[str]
+    tokenizer: ChatTokenizer
+    vocab_size: int
+    max_position_tokens: int
+    kv_bytes_per_token: int
+
+
+def describe_model(spec: ExecutorSpec) -> ModelInfo:
+    """The served model's name, tokenizer and limits. Loads the torch model once in the
+    calling process (which also fills the converted-model cache the workers then read).
+    The timed executor has no model: it uses the byte-level test tokenizer."""
     from evinfra.serve.engine.tokenizer import ChatTokenizer, byte_level_spec
 
     if spec.kind == "torch":
-        tok: ChatTokenizer = load_torch_model(spec).tokenizer
-        return tok
-    return ChatTokenizer.from_spec(byte_level_spec(max(spec.vocab_size, 259)))
+        loaded = load_torch_model(spec)
+        config = loaded.model.config
+        name = "tiny" if spec.model == "tiny" else SMOLLM2_NAME
+        return ModelInfo(
+            name=name,
+            aliases=frozenset({name, spec.model, name.lower()}),
+            tokenizer=loaded.tokenizer,
+            vocab_size=config.vocab_size,
+            max_position_tokens=config.max_position_embeddings,
+            kv_bytes_per_token=config.kv_elements_per_token() * FLOAT32_BYTES,
+        )
+    tokenizer = ChatTokenizer.from_spec(byte_level_spec(spec.vocab_size))
+    name = f"timed-{spec.model}"
+    return ModelInfo(
+        name=name,
+        aliases=frozenset({name, spec.model}),
+        tokenizer=tokenizer,
+        vocab_size=spec.vocab_size,
+        max_position_tokens=TIMED_MAX_CONTEXT_TOKENS,
+        kv_bytes_per_token=spec.kv_bytes_per_token,
+    )
+
+
+CATALOG_NAMES = {"smollm2": "smollm2-135m"}
+
+
+def node_cost_model(spec: ExecutorSpec, block_size: int) -> CostModel:
+    """The cost model of one node: the timed executor's clock, and what latency-predicting
+    policies (planners) read. For the torch executor it prices the catalog's copy of the
+    model on `spec.gpu`, not this machine's CPU: a stand-in until a measured profile."""
+    from evinfra.costmodel.node import NodeSpec
+    from evinfra.costmodel.registry import make_cost_model
+
+    name = CATALOG_NAMES.get(spec.model, spec.model)
+    node = NodeSpec.from_names(name, spec.gpu, spec.num_gpus, block_size=block_size)
+    return make_cost_model(spec.cost_model, node, **dict(spec.cost_options))
 
 
 def build_executor(spec: ExecutorSpec, num_blocks: int, block_size: int) -> Executor:
     if spec.kind == "torch":
         return TorchAdapter(spec, num_blocks, block_size)
-    from evinfra.costmodel.node import NodeSpec
-    from evinfra.costmodel.registry import make_cost_model
     from evinfra.serve.timed_executor import TimedExecutor
 
-    node = NodeSpec.from_names(spec.model, spec.gpu, spec.num_gpus, block_size=block_size)
-    cost = make_cost_model(spec.cost_model, node, **dict(spec.cost_options))
+    cost = node_cost_model(spec, block_size)
     return TimedExecutor(
         cost,
         num_blocks,

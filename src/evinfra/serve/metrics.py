@@ -91,7 +91,10 @@ class ServerMetrics:
         for name, value, help_text in counters:
             lines += [f"# HELP {p}_{name} {help_text}", f"# TYPE {p}_{name} counter"]
             lines.append(f"{p}_{name} {value}")
-        lines += [f"# HELP {p}_kv_hit_rate Cached / prompt tokens.", f"# TYPE {p}_kv_hit_rate gauge"]
+        lines += [
+            f"# HELP {p}_kv_hit_rate Cached / prompt tokens.",
+            f"# TYPE {p}_kv_hit_rate gauge",
+        ]
         lines.append(f"{p}_kv_hit_rate {self.kv_hit_rate}")
         lines += _node_gauges(nodes)
         return "\n".join(lines) + "\n"
@@ -107,7 +110,7 @@ def _node_gauges(nodes: Sequence[NodeState]) -> list[str]:
         ("node_kv_cached_blocks", "Blocks holding reusable content.", []),
         ("node_role", "1 for the node's current role.", []),
         ("node_up", "1 while the node's process is alive and serving.", []),
-        ("node_busy_seconds_total", "Seconds the node's executor ran.", []),
+        ("node_busy_seconds", "Seconds the node's executor has run.", []),
     ]
     for node in nodes:
         s = node.stats

@@ -23,6 +23,7 @@ from typing import Any
 
 from evinfra.core.blocks import hash_token_blocks
 from evinfra.core.types import AgentHints, Request, Role, RoleChange, SwitchMode
+from evinfra.costmodel.base import CostModel
 from evinfra.policy.base import DropBlocks, KVAction, OffloadBlocks, RequestArrived
 from evinfra.policy.bundle import ClusterShape, SystemBundle, available_systems, make_system
 from evinfra.serve.executors import ExecutorSpec
@@ -49,28 +50,21 @@ from evinfra.serve.view import ClusterState, NodeState
 from evinfra.serve.worker import WorkerSpec, worker_main
 
 log = logging.getLogger(__name__)
+GREEDY = Sampling()
 
 DEFAULT_SYSTEMS = ("evolving", "aggregated", "least-loaded")
 """`--system` default: the first of these that is registered (evolving, once it lands)."""
-OPTIONAL_SYSTEM_MODULES = (
-    "evinfra.policy.aggregated",
-    "evinfra.policy.dynamo.bundles",
-    "evinfra.policy.evolving",
-)
+LOCAL_TRANSFER_OVERHEAD_S = 2e-4
+LOCAL_TRANSFER_BYTES_S = 1e9
+"""A worker-to-worker pipe on one machine, as the policies' cluster shape describes it."""
 
 
-def load_systems() -> list[str]:
-    """Import the bundle modules that exist (registering them) and list the systems."""
-    import importlib
-
-    for module in OPTIONAL_SYSTEM_MODULES:
-        with contextlib.suppress(ModuleNotFoundError):
-            importlib.import_module(module)
-    return available_systems()
+def local_transfer_time_s(num_bytes: int) -> float:
+    return LOCAL_TRANSFER_OVERHEAD_S + num_bytes / LOCAL_TRANSFER_BYTES_S
 
 
 def default_system() -> str:
-    known = load_systems()
+    known = available_systems()
     return next(name for name in DEFAULT_SYSTEMS if name in known)
 
 
@@ -94,6 +88,8 @@ class ClusterConfig:
     """Times a request is resent after its node died before streaming anything."""
     kv_bytes_per_token: int = 0
     """For the bundle's cluster shape (0: unknown)."""
+    cost_model: CostModel | None = None
+    """A node's step-time model, for the policies that predict latency."""
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1:
@@ -116,9 +112,9 @@ class LocalCluster:
             kv_bytes_per_token=config.kv_bytes_per_token,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs,
+            cost_model=config.cost_model,
+            transfer_time_s=local_transfer_time_s,
         )
-        if self.system not in load_systems():
-            raise KeyError(f"unknown system {self.system!r}; known: {', '.join(load_systems())}")
         self.bundle: SystemBundle = make_system(self.system, shape, dict(config.system_options))
         if len(self.bundle.initial_roles) != config.num_nodes:
             raise ValueError(f"system {self.system} gave {len(self.bundle.initial_roles)} roles")
@@ -301,7 +297,7 @@ class LocalCluster:
         max_tokens: int,
         *,
         stop_token_ids: frozenset[int] = frozenset(),
-        sampling: Sampling = Sampling(),
+        sampling: Sampling = GREEDY,
         hints: AgentHints | None = None,
     ) -> RequestHandle:
         """Route and submit one request; its events arrive on the returned handle."""
@@ -492,8 +488,9 @@ class LocalCluster:
     def _apply_kv(self, actions: list[KVAction]) -> None:
         for action in actions:
             if isinstance(action, DropBlocks):
-                kind, targets = KVActionKind.DROP, (
-                    range(len(self.nodes)) if action.node_id is None else [action.node_id]
+                kind, targets = (
+                    KVActionKind.DROP,
+                    (range(len(self.nodes)) if action.node_id is None else [action.node_id]),
                 )
             elif isinstance(action, OffloadBlocks):
                 kind, targets = KVActionKind.OFFLOAD, [action.node_id]
@@ -536,4 +533,3 @@ def _picklable_eviction(bundle: SystemBundle, node_id: int) -> Any:
         log.warning("node %d: eviction strategy %s stays LRU in the worker", node_id, eviction)
         return None
     return eviction
-

@@ -303,9 +303,7 @@ class NodeWorker:
             return
         ids = seq.block_ids[msg.first_block : msg.first_block + msg.num_blocks]
         data = self.executor.read_blocks(ids).tobytes() if ids else b""
-        self.peers[msg.dst_node].put(
-            KVPayload(self.node_id, msg.request_id, msg.first_block, data)
-        )
+        self.peers[msg.dst_node].put(KVPayload(self.node_id, msg.request_id, msg.first_block, data))
         self.sched.release_handoff(msg.request_id)
         self.jobs.pop(msg.request_id, None)
 
@@ -519,9 +517,12 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, peers: list[Any]) -> 
         outbox.put(
             [
                 WorkerReady(
-                    spec.node_id, spec.num_blocks, spec.block_size,
-                    executor.kv_bytes_per_token, vocab,
-                ),  # fmt: skip
+                    spec.node_id,
+                    spec.num_blocks,
+                    spec.block_size,
+                    executor.kv_bytes_per_token,
+                    vocab,
+                ),
                 worker.stats(),
             ]
         )
