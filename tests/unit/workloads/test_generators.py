@@ -182,3 +182,18 @@ def test_duration_and_concurrency_limits() -> None:
 def test_factory_rejects_bad_input(kind: str, kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make_workload(kind, seed=0, **kwargs)  # type: ignore[arg-type]
+
+
+def test_human_pause_matches_tracelab_quantiles() -> None:
+    # TraceLab think time: median 1.4 min, p90 20.6 min, p99 13.9 h.
+    import random
+
+    from evinfra.workloads.dists import LogNormalParetoTail
+    from evinfra.workloads.stats import quantile
+
+    dist = LogNormalParetoTail(4.43, 2.10, 0.95, 0.55)
+    rng = random.Random(1)
+    xs = sorted(dist.draw(rng) for _ in range(100_000))
+    assert within(quantile(xs, 0.5), 84, 0.08)
+    assert within(quantile(xs, 0.9), 1_236, 0.1)
+    assert within(quantile(xs, 0.99), 50_040, 0.2)
