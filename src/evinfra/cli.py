@@ -32,7 +32,7 @@ def _add_optional(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handler = args.handler
+    handler = getattr(args, "handler", None) or args.func
     try:
         return int(handler(args) or 0)
     except KeyboardInterrupt:

@@ -65,55 +65,64 @@ BlockScorer = Callable[[int], float]
 class ScoredEviction:
     """Lowest score first; equal scores in the order they were added (LRU among equals).
 
-    `scorer` is read when a block is added; `rescore` re-reads it for blocks whose
-    signals changed (a session went to a tool, came back, finished).
+    Scores are read lazily: a block added is scored when a victim is next needed (most
+    freed blocks are hit again before that and never cost a score), and `rescore` re-reads
+    the score of blocks whose signals changed (a session went to a tool, came back...).
     """
 
     def __init__(self, scorer: BlockScorer) -> None:
         self._scorer = scorer
         self._heap: list[tuple[float, int, int]] = []
         self._live: dict[int, tuple[float, int]] = {}
+        self._pending: dict[int, int] = {}
+        """block id -> sequence number, in the order added, not yet scored."""
         self._hash_of: dict[int, int] = {}
         self._id_of: dict[int, int] = {}
         self._seq = 0
+        self.num_scored = 0
 
     def add(self, block_id: int, block_hash: int) -> None:
         self._hash_of[block_id] = block_hash
         self._id_of[block_hash] = block_id
-        self._push(block_id, self._scorer(block_hash))
-        if len(self._heap) > 4 * len(self._live) + 64:
-            self._compact()
+        self._seq += 1
+        self._pending[block_id] = self._seq
 
-    def _compact(self) -> None:
-        self._heap = [(sc, sq, b) for b, (sc, sq) in self._live.items()]
-        heapq.heapify(self._heap)
+    def _flush(self) -> None:
+        for block_id, seq in self._pending.items():
+            self._push(block_id, self._scorer(self._hash_of[block_id]), seq)
+        self.num_scored += len(self._pending)
+        self._pending.clear()
+        if len(self._heap) > 4 * len(self._live) + 64:
+            self._heap = [(sc, sq, b) for b, (sc, sq) in self._live.items()]
+            heapq.heapify(self._heap)
+
+    def _push(self, block_id: int, score: float, seq: int) -> None:
+        self._live[block_id] = (score, seq)
+        heapq.heappush(self._heap, (score, seq, block_id))
 
     def rescore_hashes(self, hashes: Iterable[int]) -> None:
         """Re-read the score of the candidates holding these hashes (others are ignored)."""
-        ids = [self._id_of[h] for h in hashes if h in self._id_of]
-        self.rescore(ids)
-
-    def _push(self, block_id: int, score: float) -> None:
-        self._seq += 1
-        self._live[block_id] = (score, self._seq)
-        heapq.heappush(self._heap, (score, self._seq, block_id))
+        id_of = self._id_of
+        self.rescore([id_of[h] for h in hashes if h in id_of])
 
     def rescore(self, block_ids: list[int]) -> None:
         for block_id in block_ids:
-            if block_id in self._live:
-                old_seq = self._live[block_id][1]
-                score = self._scorer(self._hash_of[block_id])
+            entry = self._live.get(block_id)
+            if entry is not None:
                 # keep the LRU position among equals: reuse the old sequence number
-                self._live[block_id] = (score, old_seq)
-                heapq.heappush(self._heap, (score, old_seq, block_id))
+                self._push(block_id, self._scorer(self._hash_of[block_id]), entry[1])
+        self.num_scored += len(block_ids)
 
     def remove(self, block_id: int) -> None:
         self._live.pop(block_id, None)
+        self._pending.pop(block_id, None)
         h = self._hash_of.pop(block_id, None)
         if h is not None and self._id_of.get(h) == block_id:
             del self._id_of[h]
 
     def pop(self) -> int | None:
+        if self._pending:
+            self._flush()
         while self._heap:
             score, seq, block_id = heapq.heappop(self._heap)
             if self._live.get(block_id) == (score, seq):
@@ -122,7 +131,7 @@ class ScoredEviction:
         return None
 
     def __len__(self) -> int:
-        return len(self._live)
+        return len(self._live) + len(self._pending)
 
     def __contains__(self, block_id: object) -> bool:
-        return block_id in self._live
+        return block_id in self._live or block_id in self._pending

@@ -258,16 +258,20 @@ class NodeScheduler:
 
     def _commit_computed(self, seq: Sequence) -> None:
         bs = self.block_size
-        for i in range(min(len(seq.block_ids), seq.num_computed_tokens // bs)):
+        end = min(len(seq.block_ids), seq.num_computed_tokens // bs)
+        for i in range(seq.num_committed_blocks, end):
             h = seq.block_hash(i)
             if h is None:
+                end = i
                 break
             self.pool.commit(seq.block_ids[i], h)
+        seq.num_committed_blocks = max(seq.num_committed_blocks, end)
 
     def _release(self, seq: Sequence) -> None:
         self._commit_computed(seq)
         self.pool.free(seq.block_ids)
         seq.block_ids = []
+        seq.num_committed_blocks = 0
 
     # -- completion ----------------------------------------------------------------------
     def complete_step(self, plan: StepPlan, stopped: frozenset[int] = frozenset()) -> StepOutcome:

@@ -31,6 +31,7 @@ class Sequence:
         "block_ids",
         "decode_here",
         "num_cached_tokens",
+        "num_committed_blocks",
         "num_computed_tokens",
         "num_generated",
         "num_host_cached_tokens",
@@ -48,6 +49,8 @@ class Sequence:
         self.phase = SeqPhase.WAITING
         self.block_ids: list[int] = []
         self.num_computed_tokens = 0
+        self.num_committed_blocks = 0
+        """Leading blocks of `block_ids` already recorded in the pool's prefix index."""
         self.num_generated = 0
         self.num_cached_tokens = 0
         self.num_host_cached_tokens = 0

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from evinfra.core.eviction import EvictionPolicy, LRUEviction, ScoredEviction
 from evinfra.core.types import Request
 from evinfra.policy.base import ClusterView, DropBlocks, KVAction, PrefetchBlocks
-from evinfra.policy.evolving.sessions import SessionTable
+from evinfra.policy.evolving.sessions import SessionEntry, SessionTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +51,11 @@ class AgentKVManager:
     def _score(self, block_hash: int) -> float:
         return -self.table.expected_next_use_s(block_hash, self.now_s)
 
-    def _rescore(self, hashes: tuple[int, ...]) -> None:
-        for policy in self.policies.values():
-            policy.rescore_hashes(hashes)
+    def _rescore(self, entry: SessionEntry) -> None:
+        for node_id in entry.nodes:
+            policy = self.policies.get(node_id)
+            if policy is not None:
+                policy.rescore_hashes(entry.context_hashes)
 
     def _drop(self, hashes: tuple[int, ...]) -> list[KVAction]:
         if not hashes or not self.config.free_dead_blocks:
@@ -73,7 +75,7 @@ class AgentKVManager:
             return []
         if entry.is_last_turn and not entry.num_inflight and not entry.num_children_running:
             return self._drop(self.table.end(entry.session_id))
-        self._rescore(entry.context_hashes)
+        self._rescore(entry)
         ret = entry.expected_return_s()
         key = (entry.session_id, entry.last_finish_s)
         heapq.heappush(self._prefetch_due, (ret - self.config.prefetch_lead_s, key))
@@ -101,7 +103,7 @@ class AgentKVManager:
                 continue
             # overdue: its blocks now rank by how long it has been silent
             entry = self.table.sessions[key[0]]
-            self._rescore(entry.context_hashes)
+            self._rescore(entry)
             idle_s = now_s - entry.last_finish_s
             if idle_s >= self.config.max_idle_s:
                 actions += self._drop(self.table.end(key[0]))

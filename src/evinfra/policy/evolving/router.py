@@ -85,6 +85,11 @@ class EvolvingRouter:
         if best is None:  # only decode nodes and every prefill too big: least queued one
             node = min(nodes, key=lambda n: (n.num_waiting_prefill_tokens, n.node_id))
             return Route(node.node_id, node.node_id)
+        r = best.route
+        placed = (r.prefill_node, r.decode_node)
+        self.table.note_route(
+            request.request_id, placed if r.pull_from_node is None else (*placed, r.pull_from_node)
+        )
         if best.route.pull_from_node is not None:
             self.num_pulls += 1
         if best.route.prefill_node == best.route.decode_node:

@@ -28,6 +28,8 @@ class SessionEntry:
     """Block hashes of the latest context: prompt plus the output's full blocks."""
     node_id: int | None = None
     """Where the latest context was decoded (where its KV lives)."""
+    nodes: set[int] = field(default_factory=set)
+    """Every node a request of this session was placed on (where its blocks may be)."""
     last_finish_s: float = 0.0
     expected_gap_s: float = DEFAULT_GAP_S
     gap_ewma_s: float | None = None
@@ -185,6 +187,11 @@ class SessionTable:
             else:
                 self.num_owners[h] = n
         return tuple(dead)
+
+    def note_route(self, request_id: int, node_ids: tuple[int, ...]) -> None:
+        sid = self.request_session.get(request_id)
+        if sid is not None and sid in self.sessions:
+            self.sessions[sid].nodes.update(node_ids)
 
     def expected_next_use_s(self, block_hash: int, now_s: float) -> float:
         """When this block is expected to be read next (inf: never)."""
