@@ -221,6 +221,9 @@ class LocalCluster:
             if q is not None:
                 q.close()
                 q.cancel_join_thread()
+        # dropping the queues lets their semaphores be released now, not at exit
+        self._inboxes = []
+        self._outbox = None
         self.started = False
 
     @property
@@ -322,6 +325,11 @@ class LocalCluster:
         self._submit(live)
         return handle
 
+    def _post(self, node_id: int, msg: Any) -> None:
+        """Put a message in a live node's inbox (dropped once the node or cluster is gone)."""
+        if node_id < len(self._inboxes) and self.nodes[node_id].alive:
+            self._inboxes[node_id].put(msg)
+
     def _take_rid(self) -> int:
         rid = self._next_rid
         self._next_rid += 1
@@ -348,8 +356,8 @@ class LocalCluster:
             decode.incoming[live.request.request_id] = decode.blocks_for(
                 live.request.num_prompt_tokens + 1
             )
-        self._inboxes[route.prefill_node].put(
-            Submit(live.request, live.generation, route.decode_node, seq)
+        self._post(
+            route.prefill_node, Submit(live.request, live.generation, route.decode_node, seq)
         )
 
     def _on_tokens(self, msg: TokensOut) -> None:
@@ -405,8 +413,7 @@ class LocalCluster:
         if live.route is None:
             return
         for node_id in {live.route.prefill_node, live.route.decode_node}:
-            if self.nodes[node_id].alive:
-                self._inboxes[node_id].put(Abort(live.request.request_id))
+            self._post(node_id, Abort(live.request.request_id))
 
     def _abort_handle(self, handle: RequestHandle) -> None:
         """The client went away: drop the request on its nodes (frees its KV)."""
@@ -423,7 +430,7 @@ class LocalCluster:
         node = self.nodes[node_id] if node_id < len(self.nodes) else None
         code = self._procs[node_id].exitcode
         message = f"node {node_id} died (exit code {code})"
-        log.error(message)
+        log.warning(message)
         if node is None:  # during start-up
             self._start_error = message
             self._ready_event.set()
@@ -471,7 +478,7 @@ class LocalCluster:
         restart = change.mode is SwitchMode.RESTART
         seq = node.order_role(change.new_role, restart)
         cold = self.bundle.cold_start_s if restart else 0.0
-        self._inboxes[change.node_id].put(SetRole(change.new_role, restart, cold, seq))
+        self._post(change.node_id, SetRole(change.new_role, restart, cold, seq))
         self.metrics.num_role_switches += 1
         return True
 
@@ -497,8 +504,7 @@ class LocalCluster:
             else:
                 kind, targets = KVActionKind.PREFETCH, [action.node_id]
             for node_id in targets:
-                if self.nodes[node_id].alive:
-                    self._inboxes[node_id].put(ApplyKV(kind, action.hashes))
+                self._post(node_id, ApplyKV(kind, action.hashes))
 
     # -- inspection ------------------------------------------------------------------------
     async def check_integrity(self, timeout_s: float = 10.0) -> list[IntegrityReport]:

@@ -128,6 +128,10 @@ class NodeWorker:
         self._has_work = False
 
     # -- loop ------------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Leave the loop after the current step (SIGTERM)."""
+        self._stop = True
+
     def run(self) -> None:
         parent = multiprocessing.parent_process()
         while not self._stop:
@@ -513,6 +517,7 @@ def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, peers: list[Any]) -> 
     try:
         executor = build_executor(spec.executor, spec.num_blocks, spec.block_size)
         worker = NodeWorker(spec, executor, inbox, outbox, peers)
+        signal.signal(signal.SIGTERM, lambda signum, frame: worker.request_stop())
         vocab = int(getattr(executor, "vocab_size", spec.executor.vocab_size))
         outbox.put(
             [
