@@ -192,16 +192,24 @@ class NodeScheduler:
         budget = cfg.max_num_batched_tokens
         decodes: list[Sequence] = []
         preempted: list[Sequence] = []
+        bs = self.block_size
+        max_decodes = min(cfg.max_num_seqs, budget)
+        decoding = SeqPhase.DECODING
         for seq in list(self.running):
-            if len(decodes) >= cfg.max_num_seqs or budget <= 0:
+            if len(decodes) >= max_decodes:
                 break
-            if seq.phase is not SeqPhase.DECODING:
+            if seq.phase is not decoding:
                 continue  # preempted while making room for an earlier one
-            if not self._ensure_blocks(seq, seq.num_computed_tokens + 1, preempted):
+            # only a sequence whose next token starts a block needs one
+            if seq.num_computed_tokens + 1 > len(seq.block_ids) * bs and not self._ensure_blocks(
+                seq, seq.num_computed_tokens + 1, preempted
+            ):
                 continue
             decodes.append(seq)
-            budget -= 1
-        decodes = [s for s in decodes if s.phase is SeqPhase.DECODING]
+        budget -= len(decodes)
+        if preempted:
+            decodes = [s for s in decodes if s.phase is decoding]
+            budget = cfg.max_num_batched_tokens - len(decodes)
         onboarded = 0
         while self.waiting and len(decodes) + len(self.prefilling) < cfg.max_num_seqs:
             got = self._try_admit(self.waiting[0])
