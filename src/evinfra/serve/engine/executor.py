@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from evinfra.serve.engine.model import AttentionBatch, LlamaDecoder, SeqSpan
+from evinfra.serve.engine.model import AttentionBatch, DecodeGroup, LlamaDecoder, SeqSpan
 from evinfra.serve.engine.paged_kv import PagedKVCache
 from evinfra.serve.engine.sampling import SamplingParams, sample_token
 
@@ -97,28 +97,50 @@ class TorchExecutor:
         positions: list[int] = []
         blocks: list[int] = []
         offsets: list[int] = []
+        last_rows: list[int] = []
         spans: list[SeqSpan] = []
+        decodes: list[tuple[int, SeqWork]] = []
         for work in works:
             start = work.num_computed_tokens
             stop = start + len(work.token_ids)
             work_blocks, work_offsets = self.cache.slots(work.block_table, start, stop)
-            spans.append(self._span(work, len(token_ids)))
+            if len(work.token_ids) == 1:
+                decodes.append((len(token_ids), work))
+            else:
+                spans.append(self._span(work, len(token_ids)))
             token_ids.extend(work.token_ids)
+            last_rows.append(len(token_ids) - 1)
             positions.extend(range(start, stop))
             blocks.extend(work_blocks)
             offsets.extend(work_offsets)
-        batch = AttentionBatch(self._long(blocks), self._long(offsets), tuple(spans))
+        batch = AttentionBatch(
+            self._long(blocks), self._long(offsets), tuple(spans), self._decode_group(decodes)
+        )
         hidden = self.model(self._long(token_ids), self._long(positions), batch, self.cache)
-        rows = [
-            s.query_start + s.num_query_tokens - 1
-            for s, w in zip(spans, works, strict=True)
-            if w.sample
-        ]
-        if not rows:
+        sampled = [(row, w) for row, w in zip(last_rows, works, strict=True) if w.sample]
+        if not sampled:
             return {}
-        logits = self.model.logits(hidden[self._long(rows)])
-        sampled = [w for w in works if w.sample]
-        return {work.seq_id: logits[i] for i, work in enumerate(sampled)}
+        logits = self.model.logits(hidden[self._long([row for row, _ in sampled])])
+        return {work.seq_id: logits[i] for i, (_, work) in enumerate(sampled)}
+
+    def _decode_group(self, decodes: list[tuple[int, SeqWork]]) -> DecodeGroup | None:
+        if not decodes:
+            return None
+        bs = self.block_size
+        lengths = [w.num_computed_tokens + 1 for _, w in decodes]
+        max_blocks = -(-max(lengths) // bs)
+        # block 0 pads short tables; the key mask hides whatever it holds
+        index = [
+            list(w.block_table[: -(-n // bs)]) + [0] * (max_blocks - -(-n // bs))
+            for (_, w), n in zip(decodes, lengths, strict=True)
+        ]
+        key_pos = torch.arange(max_blocks * bs, device=self.device)
+        mask = key_pos[None, :] < self._long(lengths)[:, None]
+        return DecodeGroup(
+            rows=self._long([row for row, _ in decodes]),
+            block_index=self._long([i for row in index for i in row]).view(len(decodes), -1),
+            key_mask=mask[:, None, None, :],
+        )
 
     def _span(self, work: SeqWork, query_start: int) -> SeqSpan:
         num_new = len(work.token_ids)

@@ -33,12 +33,23 @@ class SeqSpan:
 
 
 @dataclass(frozen=True, slots=True)
+class DecodeGroup:
+    """Sequences with one new token each, attended in one padded call."""
+
+    rows: torch.Tensor  # long [num_seqs], their rows in the flat batch
+    block_index: torch.Tensor  # long [num_seqs, max_blocks], block tables padded with block 0
+    key_mask: torch.Tensor  # bool [num_seqs, 1, 1, max_blocks * block_size]: real context
+
+
+@dataclass(frozen=True, slots=True)
 class AttentionBatch:
-    """Where each new token's K/V go, and each sequence's attention span."""
+    """Where each new token's K/V go, and what each sequence attends to: prefill chunks
+    one by one (`spans`), single-token decodes together (`decode`)."""
 
     write_blocks: torch.Tensor  # long [num_tokens]
     write_offsets: torch.Tensor  # long [num_tokens]
     spans: tuple[SeqSpan, ...]
+    decode: DecodeGroup | None
 
 
 class RMSNorm(nn.Module):
@@ -122,6 +133,17 @@ class Attention(nn.Module):
                 enable_gqa=True,
             )
             out[rows] = attn.squeeze(0).transpose(0, 1)
+        if batch.decode is not None:
+            group = batch.decode
+            pad_k, pad_v = cache.gather_padded(self.layer, group.block_index)
+            attn = F.scaled_dot_product_attention(
+                q[group.rows].unsqueeze(2),  # [seqs, heads, 1, dim]
+                pad_k.to(q.dtype).transpose(1, 2),
+                pad_v.to(q.dtype).transpose(1, 2),
+                attn_mask=group.key_mask,
+                enable_gqa=True,
+            )
+            out[group.rows] = attn.squeeze(2)
         result: torch.Tensor = self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
         return result
 

@@ -59,6 +59,14 @@ class PagedKVCache:
         offsets = [p % bs for p in range(start, stop)]
         return blocks, offsets
 
+    def gather_padded(
+        self, layer: int, block_index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of whole blocks for several sequences, `[seqs, blocks * block_size,
+        kv_heads, dim]`; `block_index` is `[seqs, blocks]` (padding rows must be masked)."""
+        both = self.kv[block_index, layer]  # [seqs, blocks, 2, block_size, heads, dim]
+        return both[:, :, 0].flatten(1, 2), both[:, :, 1].flatten(1, 2)
+
     def write(
         self,
         layer: int,
@@ -68,8 +76,8 @@ class PagedKVCache:
         offsets: torch.Tensor,
     ) -> None:
         """Store `k`, `v` (`[num_tokens, num_kv_heads, head_dim]`) at the given slots."""
-        self.kv[blocks, layer, 0, offsets] = k.to(self.dtype)
-        self.kv[blocks, layer, 1, offsets] = v.to(self.dtype)
+        # advanced indices around a slice: the indexed dimension comes first, [tokens, 2, ...]
+        self.kv[blocks, layer, :, offsets] = torch.stack((k, v), dim=1).to(self.dtype)
 
     def gather(
         self, layer: int, block_table: torch.Tensor, num_tokens: int
