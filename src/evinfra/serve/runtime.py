@@ -124,6 +124,7 @@ class LocalCluster:
         self._live: dict[int, LiveRequest] = {}
         self._next_rid = 1
         self._procs: list[Any] = []
+        self._pids: list[int] = []
         self._inboxes: list[Any] = []
         self._outbox: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -221,14 +222,17 @@ class LocalCluster:
             if q is not None:
                 q.close()
                 q.cancel_join_thread()
-        # dropping the queues lets their semaphores be released now, not at exit
+        # dropping the queues (the process objects hold them too) releases their
+        # semaphores now rather than leaving them to the resource tracker at exit
+        self._pids = [int(p.pid) for p in self._procs]
         self._inboxes = []
         self._outbox = None
+        self._procs = []
         self.started = False
 
     @property
     def worker_pids(self) -> list[int]:
-        return [int(p.pid) for p in self._procs]
+        return [int(p.pid) for p in self._procs] if self._procs else list(self._pids)
 
     @property
     def is_ready(self) -> bool:
