@@ -36,9 +36,7 @@ def busy_node(server: ServerProcess, timeout_s: float = 10.0) -> dict[str, Any]:
 
 
 def test_killed_node_fails_its_request_and_the_other_keeps_serving(server: ServerProcess) -> None:
-    client = openai.OpenAI(
-        base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30.0
-    )
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30.0)
     stream = client.completions.create(
         model="tiny", prompt=[5 + i % 200 for i in range(200)], max_tokens=3500,
         temperature=0, stream=True, extra_body={"ignore_eos": True},

@@ -70,7 +70,9 @@ class Cluster:
         self.events: list[Any] = []
         self._seq = 0
 
-    def submit(self, rid: int, prompt: list[int], max_tokens: int, prefill: int, decode: int) -> None:
+    def submit(
+        self, rid: int, prompt: list[int], max_tokens: int, prefill: int, decode: int
+    ) -> None:
         self._seq += 1
         req = Request(rid, tuple(hash_token_blocks(prompt, BLOCK)), len(prompt), max_tokens)
         gen = Generation(tuple(prompt), frozenset(), Sampling())
@@ -127,14 +129,14 @@ def test_decode_node_reuses_its_cached_prefix_and_pulls_only_the_rest() -> None:
     c.submit(0, base, 6, 0, 1)
     c.run()
     first = sum(e.num_transfer_bytes for e in c.events if isinstance(e, TokensOut))
-    c.submit(1, base + [7, 8, 9, 10, 11], 6, 0, 1)
+    c.submit(1, [*base, 7, 8, 9, 10, 11], 6, 0, 1)
     c.run()
     second = sum(e.num_transfer_bytes for e in c.events if isinstance(e, TokensOut)) - first
     bytes_per_block = BLOCK * c.workers[1].executor.kv_bytes_per_token
     assert first == 5 * bytes_per_block  # 17 computed tokens -> 5 blocks
     assert second == 2 * bytes_per_block  # node 1 holds the 4 full blocks of `base`
     ref = Cluster(1)
-    ref.submit(1, base + [7, 8, 9, 10, 11], 6, 0, 0)
+    ref.submit(1, [*base, 7, 8, 9, 10, 11], 6, 0, 0)
     ref.run()
     assert c.tokens(1)[0] == ref.tokens(1)[0]
 
@@ -150,7 +152,7 @@ def test_wrong_kv_bytes_change_the_output() -> None:
         data[:] = 7
         return data
 
-    c.workers[0].executor.read_blocks = corrupt  # type: ignore[method-assign]
+    c.workers[0].executor.read_blocks = corrupt  # type: ignore[assignment]
     ref = Cluster(1)
     for cl, decode in ((c, 1), (ref, 0)):
         cl.submit(0, PROMPTS[2], 8, 0, decode)
@@ -163,7 +165,7 @@ def test_preemption_under_a_small_pool_keeps_outputs() -> None:
     small, big = Cluster(1, num_blocks=12), Cluster(1, num_blocks=64)
     for cl in (small, big):
         for rid in range(4):
-            cl.submit(rid, PROMPTS[rid % 4][:8] + [rid + 3], 14, 0, 0)
+            cl.submit(rid, [*PROMPTS[rid % 4][:8], rid + 3], 14, 0, 0)
         cl.run()
     assert small.workers[0].sched.num_preemptions > 0
     for rid in range(4):

@@ -255,7 +255,7 @@ class LocalCluster:
         pending = {p.sentinel: i for i, p in enumerate(self._procs)}
         while pending and not self._stopping.is_set():
             for sentinel in wait_sentinels(list(pending), timeout=0.5):
-                node_id = pending.pop(sentinel)  # type: ignore[call-overload]
+                node_id = pending.pop(sentinel)
                 self._procs[node_id].join(1.0)  # reap it, so its exit code is known
                 if not self._stopping.is_set():
                     self._loop.call_soon_threadsafe(self._on_node_death, node_id)

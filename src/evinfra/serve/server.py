@@ -83,7 +83,6 @@ class ServerThread:
         self.frontend = frontend
         self.settings = settings
         self.server = uvicorn.Server(_uvicorn_config(frontend, settings))
-        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._thread = threading.Thread(target=self._run, name="evinfra-server", daemon=True)
         self._error: BaseException | None = None
 
