@@ -42,6 +42,18 @@ def _kv_pairs(items: Sequence[str] | None, flag: str) -> dict[str, Any]:
     return out
 
 
+DEMO_PORT = 8000
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -253,6 +265,8 @@ def run_demo_command(args: argparse.Namespace) -> int:
     from evinfra.serve.server import ServerThread, build_frontend
 
     args.executor = demo_executor(args)
+    if args.port == 0:
+        args.port = DEMO_PORT if _port_free(args.host, DEMO_PORT) else free_port(args.host)
     settings = serve_settings(args)
     print(f"starting {settings.num_nodes} nodes ({settings.executor.kind} executor) ...")
     frontend = build_frontend(settings)
