@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks: scenarios, parallel simulator runs, results, reports, plots."""

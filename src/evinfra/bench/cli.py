@@ -1,0 +1,82 @@
+"""`evinfra bench SCENARIO.yaml --out DIR`: several systems, same cluster and workload, side
+by side."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from evinfra.bench.scenario import ScenarioError, load_scenario
+from evinfra.sim.config import ConfigError
+
+
+def default_jobs() -> int:
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "bench",
+        help="run several systems on one scenario and report them side by side",
+        description="Runs a scenario file (benchmarks/*.yaml) and writes results.json,"
+        " report.md, plots and per-run files under --out.",
+    )
+    p.add_argument("scenario", help="scenario YAML file (see benchmarks/README.md)")
+    p.add_argument("--out", help="output directory (default: runs/<scenario name>)")
+    p.add_argument(
+        "--jobs", type=int, default=default_jobs(), help="worker processes (default: %(default)s)"
+    )
+    p.add_argument("--quick", action="store_true", help="shortened runs, first seed only")
+    p.add_argument(
+        "--resume", action="store_true", help="reuse runs already stored in --out (same config)"
+    )
+    p.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNGs")
+    p.set_defaults(handler=run_bench_command)
+
+
+def reproduce_command(args: argparse.Namespace, out: Path) -> str:
+    parts = ["evinfra", "bench", str(args.scenario), "--out", str(out)]
+    if args.quick:
+        parts.append("--quick")
+    return shlex.join(parts)
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    from evinfra.bench.run import run_bench
+
+    if args.jobs < 1:
+        print("evinfra bench: error: --jobs must be >= 1", file=sys.stderr)
+        return 2
+    path = Path(args.scenario)
+    try:
+        scenario = load_scenario(path)
+    except ScenarioError as exc:
+        print(f"evinfra bench: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else Path("runs") / scenario.name
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        results = run_bench(
+            scenario,
+            out,
+            jobs=args.jobs,
+            quick=args.quick,
+            resume=args.resume,
+            scenario_path=path,
+            command=reproduce_command(args, out),
+            log=log,
+            plots=args.plots,
+        )
+    except (ScenarioError, ConfigError) as exc:
+        print(f"evinfra bench: error: {exc}", file=sys.stderr)
+        return 2
+    print((out / "report.md").read_text())
+    failed = [k for k, v in results["runs"].items() if not v["ok"]]
+    print(f"wrote {out}/results.json, {out}/report.md", file=sys.stderr)
+    return 1 if failed else 0

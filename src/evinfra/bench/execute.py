@@ -1,0 +1,181 @@
+"""Running a benchmark's simulator runs: in worker processes (`--jobs`), each finished run
+reported with an ETA, a failed run recorded without stopping the others, stored runs
+reused (`--resume`)."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from evinfra.bench.scenario import RunSpec
+from evinfra.bench.store import load_summary, save_error, save_run
+from evinfra.sim.runner import run_sim
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    run_id: str
+    summary: dict[str, Any] | None
+    error: str | None
+    wall_s: float
+    reused: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.summary is not None
+
+
+def execute_run(spec: RunSpec, out: str) -> RunOutcome:
+    """Run one simulation and store it under `out`; an exception becomes the outcome's error
+    (and error.json), so one bad run does not take the benchmark down."""
+    start = time.perf_counter()
+    try:
+        result = run_sim(spec.config)
+        save_run(Path(out), spec.run_id, result)
+    except Exception as exc:  # any failure of one run is reported, not raised
+        tb = traceback.format_exc(limit=6)
+        error = f"{type(exc).__name__}: {exc}\n{tb}"
+        save_error(Path(out), spec.run_id, spec.config, error)
+        return RunOutcome(spec.run_id, None, error, time.perf_counter() - start)
+    return RunOutcome(spec.run_id, result.summary, None, time.perf_counter() - start)
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    minutes, sec = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{sec:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+class BenchExecutor:
+    """Runs batches of RunSpecs; remembers every outcome by run id.
+
+    `planned_work` (sum of RunSpec.work of everything the benchmark expects to run) makes
+    the ETA cover later batches too (goodput bisection); it grows if a batch exceeds it.
+    """
+
+    def __init__(self, out: Path, *, jobs: int = 1, resume: bool = False, log: Log) -> None:
+        if jobs < 1:
+            raise ValueError(f"jobs must be >= 1, got {jobs}")
+        self.out = out
+        self.jobs = jobs
+        self.resume = resume
+        self.log = log
+        self.outcomes: dict[str, RunOutcome] = {}
+        self.planned_work = 0.0
+        self._done_work = 0.0
+        self._run_work = 0.0
+        self._run_wall_s = 0.0
+        self._num_done = 0
+        self._num_planned = 0
+        self._start = time.perf_counter()
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> BenchExecutor:
+        if self.jobs > 1:
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=exc_type is None, cancel_futures=True)
+            self._pool = None
+
+    def plan(self, specs: Iterable[RunSpec]) -> None:
+        """Add runs expected later to the ETA."""
+        for s in specs:
+            self.planned_work += s.work
+            self._num_planned += 1
+
+    def run(self, specs: list[RunSpec]) -> dict[str, RunOutcome]:
+        """Outcomes of `specs` (already known ones are not run twice)."""
+        todo: list[RunSpec] = []
+        seen: set[str] = set()
+        for spec in specs:
+            if spec.run_id in self.outcomes or spec.run_id in seen:
+                continue
+            seen.add(spec.run_id)
+            stored = load_summary(self.out, spec.run_id, spec.config) if self.resume else None
+            if stored is not None:
+                self._finish(spec, RunOutcome(spec.run_id, stored, None, 0.0, reused=True))
+            else:
+                todo.append(spec)
+        if self._pool is None:
+            for spec in todo:
+                self._finish(spec, execute_run(spec, str(self.out)))
+        else:
+            self._run_pool(self._pool, todo)
+        return {s.run_id: self.outcomes[s.run_id] for s in specs}
+
+    def _run_pool(self, pool: ProcessPoolExecutor, todo: list[RunSpec]) -> None:
+        futures: dict[Future[RunOutcome], RunSpec] = {
+            pool.submit(execute_run, spec, str(self.out)): spec for spec in todo
+        }
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                spec = futures[fut]
+                try:
+                    outcome = fut.result()
+                except Exception as exc:  # a dead worker fails its run only
+                    error = f"worker failed: {type(exc).__name__}: {exc}"
+                    save_error(self.out, spec.run_id, spec.config, error)
+                    outcome = RunOutcome(spec.run_id, None, error, 0.0)
+                self._finish(spec, outcome)
+
+    def _finish(self, spec: RunSpec, outcome: RunOutcome) -> None:
+        self.outcomes[spec.run_id] = outcome
+        self._num_done += 1
+        self._done_work += spec.work
+        self.planned_work = max(self.planned_work, self._done_work)
+        self._num_planned = max(self._num_planned, self._num_done)
+        if not outcome.reused:
+            self._run_work += spec.work
+            self._run_wall_s += outcome.wall_s
+        self.log(self._line(spec, outcome))
+
+    def eta_s(self) -> float | None:
+        """Remaining wall time: remaining work at the observed wall time per unit of work,
+        shared by the worker processes."""
+        if self._run_work <= 0:
+            return None
+        remaining = max(self.planned_work - self._done_work, 0.0)
+        return remaining * (self._run_wall_s / self._run_work) / self.jobs
+
+    def _line(self, spec: RunSpec, outcome: RunOutcome) -> str:
+        head = f"[{self._num_done}/{self._num_planned}] {spec.run_id}"
+        if outcome.summary is None:
+            first = (outcome.error or "").splitlines()[0] if outcome.error else "?"
+            body = f"FAILED: {first}"
+        else:
+            s = outcome.summary
+            how = "stored" if outcome.reused else f"{outcome.wall_s:.1f}s"
+            body = (
+                f"{how}: mean e2e {s.get('mean_e2e_s', float('nan')):.3f}s,"
+                f" p95 TTFT {s.get('p95_ttft_s', float('nan')):.3f}s,"
+                f" {s.get('num_requests', 0)} requests"
+            )
+        elapsed = time.perf_counter() - self._start
+        eta = self.eta_s()
+        tail = f"elapsed {_fmt_duration(elapsed)}"
+        if eta is not None:
+            tail += f", ETA {_fmt_duration(eta)}"
+        return f"{head} {body} ({tail})"

@@ -1,0 +1,140 @@
+"""Goodput: the highest load (session rate) at which a system still meets its latency targets,
+found from a sweep's points and the scenario's range, refined by bisection.
+
+Unlike a latency ratio at one chosen load, it does not depend on the load one picks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from evinfra.bench.scenario import GoodputSpec
+
+
+class Bound(Enum):
+    EXACT = "exact"
+    """Passes at `rate`, fails just above it (within the bisection's resolution)."""
+    AT_LEAST = "at_least"
+    """Passed at every load tried: the goodput is `rate` or more."""
+    BELOW = "below"
+    """Failed at every load tried, the lowest included: the goodput is below it (rate 0)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PointVerdict:
+    value: float
+    passed: bool
+    reason: str
+    """Why it failed, or the measured values when it passed."""
+
+
+@dataclass(frozen=True, slots=True)
+class GoodputResult:
+    rate: float
+    bound: Bound
+    upper: float | None
+    """The lowest failing load above `rate` (None when every load passed)."""
+    points: tuple[PointVerdict, ...]
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values) if values else math.nan
+
+
+def judge(
+    value: float, summaries: Sequence[dict[str, Any] | None], spec: GoodputSpec
+) -> PointVerdict:
+    """Does the mean over seeds meet the targets? A failed run fails the point."""
+    if not summaries or any(s is None for s in summaries):
+        return PointVerdict(value, False, "a run failed")
+    ok = [s for s in summaries if s is not None]
+    ttft = _mean([float(s["p95_ttft_s"]) for s in ok])
+    tpot = _mean([float(s["mean_tpot_s"]) for s in ok])
+    done = sum(int(s["num_requests"]) for s in ok)
+    left = sum(int(s["num_unfinished"]) for s in ok)
+    unfinished = left / (done + left) if done + left else 1.0
+    measured = f"p95 TTFT {ttft:.3f}s, mean TPOT {tpot * 1000:.1f}ms, unfinished {unfinished:.1%}"
+    if done == 0 or math.isnan(ttft) or math.isnan(tpot):
+        return PointVerdict(value, False, "no finished requests")
+    if ttft > spec.ttft_p95_s:
+        return PointVerdict(value, False, f"p95 TTFT {ttft:.3f}s > {spec.ttft_p95_s}s")
+    if tpot > spec.tpot_mean_s:
+        return PointVerdict(
+            value, False, f"mean TPOT {tpot * 1000:.1f}ms > {spec.tpot_mean_s * 1000:.1f}ms"
+        )
+    if unfinished > spec.max_unfinished_frac:
+        return PointVerdict(value, False, f"unfinished {unfinished:.1%}")
+    return PointVerdict(value, True, measured)
+
+
+class Bisection:
+    """The search for one system: feed it verdicts, ask it which loads to try next."""
+
+    def __init__(self, spec: GoodputSpec) -> None:
+        self.spec = spec
+        self.verdicts: dict[float, PointVerdict] = {}
+        self.num_bisections = 0
+        self._max_bisections = spec.iterations
+
+    def limit_bisections(self, max_bisections: int) -> None:
+        self._max_bisections = min(self._max_bisections, max_bisections)
+
+    def record(self, verdict: PointVerdict) -> None:
+        self.verdicts[verdict.value] = verdict
+
+    def _bracket(self) -> tuple[float | None, float | None]:
+        """(highest pass below the lowest fail, lowest fail)."""
+        fails = [v for v, x in self.verdicts.items() if not x.passed]
+        hi = min(fails) if fails else None
+        passes = [v for v, x in self.verdicts.items() if x.passed and (hi is None or v < hi)]
+        return (max(passes) if passes else None), hi
+
+    def next_values(self) -> list[float]:
+        """Loads to evaluate next (empty: done). First the range's ends, then midpoints."""
+        ends = [v for v in (self.spec.rate_lo, self.spec.rate_hi) if v not in self.verdicts]
+        if ends:
+            return ends
+        lo, hi = self._bracket()
+        if lo is None or hi is None or self.num_bisections >= self._max_bisections:
+            return []
+        return [_round_rate((lo + hi) / 2)]
+
+    def advance(self) -> None:
+        """Count one bisection step (call after recording a midpoint's verdict)."""
+        self.num_bisections += 1
+
+    def result(self) -> GoodputResult:
+        lo, hi = self._bracket()
+        points = tuple(self.verdicts[v] for v in sorted(self.verdicts))
+        if lo is None:
+            return GoodputResult(0.0, Bound.BELOW, hi, points)
+        if hi is None:
+            return GoodputResult(lo, Bound.AT_LEAST, None, points)
+        return GoodputResult(lo, Bound.EXACT, hi, points)
+
+
+def _round_rate(value: float) -> float:
+    # 4 significant digits keep run ids short and stable across resumes
+    return float(f"{value:.4g}")
+
+
+def goodput_ratio(system: GoodputResult, baseline: GoodputResult) -> float | None:
+    """system / baseline goodput; None when the baseline's goodput is 0."""
+    if baseline.rate <= 0:
+        return None
+    return system.rate / baseline.rate
+
+
+def result_to_json(result: GoodputResult) -> dict[str, Any]:
+    return {
+        "rate": result.rate,
+        "bound": result.bound.value,
+        "upper": result.upper,
+        "points": [
+            {"value": p.value, "passed": p.passed, "reason": p.reason} for p in result.points
+        ],
+    }

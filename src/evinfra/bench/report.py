@@ -1,0 +1,231 @@
+"""report.md: the scenario, the command that reproduces it, one table to read in ten
+seconds, what stands out (including where a system falls behind the baseline), the sweep
+and goodput tables, the plots."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+UNFINISHED_WARN_FRAC = 0.01
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _fmt(value: Any, fmt: str = "{:.3f}", scale: float = 1.0) -> str:
+    v = _num(value)
+    return "n/a" if v is None else fmt.format(v * scale)
+
+
+def _ratio(value: Any) -> str:
+    v = _num(value)
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
+def _with_spread(block: dict[str, Any], key: str, fmt: str, scale: float = 1.0) -> str:
+    text = _fmt(block["summary"].get(key), fmt, scale)
+    sp = block.get("spread", {}).get(key)
+    if sp and len(block.get("seeds", [])) > 1:
+        text += f" ±{fmt.format(sp['std'] * scale)}"
+    return text
+
+
+def describe_setup(results: dict[str, Any]) -> str:
+    c = results["config"]
+    load = (
+        f"{c['session_rate']} sessions/s"
+        if c.get("session_rate")
+        else f"{c['concurrency']} concurrent sessions"
+        if c.get("concurrency")
+        else "the trace's own arrivals"
+        + (f" x{c['rate_scale']}" if c.get("rate_scale") != 1 else "")
+    )
+    what = f"trace `{c['trace']}`" if c.get("trace") else f"`{c['workload']}` workload"
+    if results.get("sweep"):
+        sw = results["sweep"]
+        load = f"sweep of {sw['field']} over {', '.join(f'{v:g}' for v in sw['values'])}"
+    return (
+        f"{what}; model `{c['model']}` on {c['num_gpus']} x `{c['gpu']}`"
+        f" ({c['num_gpus'] // c['gpus_per_node']} nodes of {c['gpus_per_node']});"
+        f" load: {load}; {c['duration_s']:g} s simulated ({c['warmup_s']:g} s warm-up"
+        f" excluded); seeds {', '.join(map(str, results['seeds']))}"
+        + ("; **--quick** (shortened)" if results.get("quick") else "")
+    )
+
+
+def main_table(results: dict[str, Any]) -> list[str]:
+    base = results["baseline"]
+    gp = (results.get("goodput") or {}).get("systems", {})
+    head = (
+        f"| system | mean e2e (s) | vs {base} | P95 TTFT (s) | vs {base} | mean TPOT (ms)"
+        " | tok/s/GPU | KV hit | e2e / floor |"
+    )
+    sep = "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    if gp:
+        head += f" goodput (/s) | vs {base} |"
+        sep += " ---: | ---: |"
+    lines = [head, sep]
+    for label, block in results["systems"].items():
+        if block["summary"] is None:
+            lines.append(f"| {label} | failed: see Runs |" + " |" * (sep.count("|") - 3))
+            continue
+        r = block["ratio_vs_dynamo"]
+        row = (
+            f"| {label} | {_with_spread(block, 'mean_e2e_s', '{:.3f}')} | {_ratio(r['mean_e2e_s'])}"
+            f" | {_with_spread(block, 'p95_ttft_s', '{:.3f}')} | {_ratio(r['p95_ttft_s'])}"
+            f" | {_with_spread(block, 'mean_tpot_s', '{:.1f}', 1000)}"
+            f" | {_fmt(block['summary'].get('throughput_tok_s_per_gpu'), '{:.0f}')}"
+            f" | {_fmt(block['summary'].get('kv_hit_rate'), '{:.3f}')}"
+            f" | {_ratio(block['vs_floor']['mean_e2e_s'])} |"
+        )
+        if gp:
+            g = gp.get(label, {})
+            row += f" {_goodput_cell(g)} | {_ratio(g.get('ratio_vs_dynamo'))} |"
+        lines.append(row)
+    lines.append("")
+    lines.append(
+        f"`vs {base}`: {base}'s value / the system's (above 1: lower latency than {base}, or"
+        f" for goodput: higher). `e2e / floor`: mean e2e / {results['floor']}'s (1 is the limit)."
+    )
+    return lines
+
+
+def _goodput_cell(g: dict[str, Any]) -> str:
+    if not g:
+        return "n/a"
+    bound = g.get("bound")
+    if bound == "below":
+        return f"< {g['points'][0]['value']:g}" if g.get("points") else "0"
+    prefix = ">= " if bound == "at_least" else ""
+    return f"{prefix}{g['rate']:.3g}"
+
+
+def findings(results: dict[str, Any]) -> list[str]:
+    """Plain statements about the headline point: ahead of or behind the baseline, failed
+    runs, unfinished requests."""
+    base, floor = results["baseline"], results["floor"]
+    out = []
+    systems = results["systems"]
+    if base not in systems or systems[base]["summary"] is None:
+        out.append(f"- No `{base}` result: ratios are missing.")
+    for label, block in systems.items():
+        if block["errors"]:
+            seeds = ", ".join(block["errors"])
+            out.append(f"- `{label}` failed for seed(s) {seeds}: see results.json `runs`.")
+        s = block["summary"]
+        if s is None:
+            continue
+        n, left = s.get("num_requests", 0), s.get("num_unfinished", 0)
+        if n + left and left / (n + left) > UNFINISHED_WARN_FRAC:
+            out.append(
+                f"- `{label}` left {left:.0f} of {n + left:.0f} window requests unfinished"
+                " after the drain: it is overloaded, its latencies are underestimated."
+            )
+        if label in (base, floor):
+            continue
+        r = block["ratio_vs_dynamo"]
+        e2e, ttft = _num(r["mean_e2e_s"]), _num(r["p95_ttft_s"])
+        if e2e is None or ttft is None:
+            continue
+        if e2e >= 1 and ttft >= 1:
+            out.append(
+                f"- `{label}` is ahead of `{base}`: {e2e:.2f}x lower mean e2e latency,"
+                f" {ttft:.2f}x lower P95 TTFT."
+            )
+        else:
+            behind = [n for n, v in (("mean e2e", e2e), ("P95 TTFT", ttft)) if v < 1]
+            out.append(
+                f"- **`{label}` is behind `{base}`** on {' and '.join(behind)}"
+                f" (mean e2e {e2e:.2f}x, P95 TTFT {ttft:.2f}x)."
+            )
+    return out
+
+
+def sweep_table(results: dict[str, Any]) -> list[str]:
+    sw = results["sweep"]
+    labels = list(sw["points"][0]["systems"])
+    lines = [
+        f"| {sw['field']} | " + " | ".join(f"{x} e2e (s) / P95 TTFT (s)" for x in labels) + " |",
+        "| ---: |" + " ---: |" * len(labels),
+    ]
+    for p in sw["points"]:
+        cells = []
+        for x in labels:
+            b = p["systems"].get(x)
+            if b is None or b["summary"] is None:
+                cells.append("failed")
+                continue
+            cells.append(f"{_fmt(b['summary']['mean_e2e_s'])} / {_fmt(b['summary']['p95_ttft_s'])}")
+        mark = " (headline)" if p["value"] == sw["headline"] else ""
+        lines.append(f"| {p['value']:g}{mark} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def goodput_table(results: dict[str, Any]) -> list[str]:
+    g = results["goodput"]
+    t = g["targets"]
+    lines = [
+        f"Targets: P95 TTFT <= {t['ttft_p95_s']} s, mean TPOT <= {t['tpot_mean_s'] * 1000:g} ms,"
+        f" at most {t['max_unfinished_frac']:.0%} unfinished; searched {t['field']} in"
+        f" [{t['rate_lo']:g}, {t['rate_hi']:g}] with up to {t['iterations']} bisections.",
+        "",
+        f"| system | goodput ({t['field']}) | vs {results['baseline']} | first failing | why |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
+    for label, s in g["systems"].items():
+        fail = next((p for p in s["points"] if not p["passed"] and p["value"] > s["rate"]), None)
+        first = f"{fail['value']:g}" if fail else "none"
+        why = fail["reason"] if fail else "passed every load tried"
+        lines.append(
+            f"| {label} | {_goodput_cell(s)} | {_ratio(s.get('ratio_vs_dynamo'))}"
+            f" | {first} | {why} |"
+        )
+    return lines
+
+
+def render_report(results: dict[str, Any], plot_files: list[str]) -> str:
+    lines = [f"# {results['scenario']}", ""]
+    if results.get("description"):
+        lines += [results["description"].strip(), ""]
+    lines += [f"Setup: {describe_setup(results)}.", ""]
+    if results.get("command"):
+        lines += ["Reproduce:", "", "```bash", results["command"], "```", ""]
+    head = ""
+    if results.get("sweep"):
+        head = f" (at {results['sweep']['field']} = {results['sweep']['headline']:g})"
+    lines += [f"## Results{head}", "", *main_table(results), ""]
+    notes = findings(results)
+    if notes:
+        lines += ["## Findings", "", *notes, ""]
+    if results.get("sweep"):
+        lines += ["## Latency against load", "", *sweep_table(results), ""]
+    if results.get("goodput"):
+        lines += ["## Goodput", "", *goodput_table(results), ""]
+    if plot_files:
+        lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plot_files] + [""]
+    runs = results.get("runs", {})
+    failed = [k for k, v in runs.items() if not v["ok"]]
+    reused = sum(1 for v in runs.values() if v["reused"])
+    lines += [
+        "## Runs",
+        "",
+        f"{len(runs)} simulator runs ({reused} reused from an earlier invocation),"
+        f" {len(failed)} failed; {results.get('wall_s', 0):.0f} s wall."
+        " Per-run files: `runs/<run id>/` (summary.json, config.json, timeseries.json,"
+        " records.npz, or error.json).",
+    ]
+    for k in failed:
+        first = (runs[k]["error"] or "").splitlines()[:1]
+        lines.append(f"- `{k}`: {first[0] if first else 'failed'}")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(results: dict[str, Any], out: Path, plot_files: list[str]) -> Path:
+    path = out / "report.md"
+    path.write_text(render_report(results, plot_files))
+    return path
