@@ -121,13 +121,23 @@ class ScoredEviction:
             del self._id_of[h]
 
     def pop(self) -> int | None:
+        """The lowest-scored candidate. Its score is read again first: a block whose
+        score rose since it was read (its session's plans changed) goes back in the heap
+        with the new score, so stale scores never evict a block that became valuable."""
         if self._pending:
             self._flush()
-        while self._heap:
-            score, seq, block_id = heapq.heappop(self._heap)
-            if self._live.get(block_id) == (score, seq):
-                self.remove(block_id)
-                return block_id
+        heap = self._heap
+        while heap:
+            score, seq, block_id = heapq.heappop(heap)
+            if self._live.get(block_id) != (score, seq):
+                continue
+            current = self._scorer(self._hash_of[block_id])
+            self.num_scored += 1
+            if current > score and heap and current > heap[0][0]:
+                self._push(block_id, current, seq)
+                continue
+            self.remove(block_id)
+            return block_id
         return None
 
     def __len__(self) -> int:

@@ -57,16 +57,18 @@ class AgentKVManager:
             if policy is not None:
                 policy.rescore_hashes(entry.context_hashes)
 
-    def _drop(self, hashes: tuple[int, ...]) -> list[KVAction]:
+    def _drop(self, hashes: tuple[int, ...], nodes: set[int]) -> list[KVAction]:
+        """Free dead blocks on the nodes the session used (its blocks are nowhere else)."""
         if not hashes or not self.config.free_dead_blocks:
             return []
         self.num_dropped_blocks += len(hashes)
-        return [DropBlocks(None, hashes)]
+        return [DropBlocks(n, hashes) for n in sorted(nodes)]
 
     def on_arrival(self, request: Request, now_s: float) -> list[KVAction]:
         self.now_s = now_s
         arrival = self.table.on_arrival(request, now_s)
-        return self._drop(arrival.dead_hashes)
+        entry = self.table.sessions[arrival.session_id]
+        return self._drop(arrival.dead_hashes, entry.nodes)
 
     def on_finish(self, request: Request, node_id: int, now_s: float) -> list[KVAction]:
         self.now_s = now_s
@@ -74,8 +76,9 @@ class AgentKVManager:
         if entry is None:
             return []
         if entry.is_last_turn and not entry.num_inflight and not entry.num_children_running:
-            return self._drop(self.table.end(entry.session_id))
-        self._rescore(entry)
+            return self._drop(self.table.end(entry.session_id), entry.nodes)
+        # no rescore here: the blocks just freed are scored when a victim is next needed,
+        # and older copies elsewhere are re-read when they reach the top of the heap
         ret = entry.expected_return_s()
         key = (entry.session_id, entry.last_finish_s)
         heapq.heappush(self._prefetch_due, (ret - self.config.prefetch_lead_s, key))
@@ -106,7 +109,7 @@ class AgentKVManager:
             self._rescore(entry)
             idle_s = now_s - entry.last_finish_s
             if idle_s >= self.config.max_idle_s:
-                actions += self._drop(self.table.end(key[0]))
+                actions += self._drop(self.table.end(key[0]), entry.nodes)
             else:
                 heapq.heappush(self._overdue_due, (now_s + max(idle_s, 1.0), key))
         return actions
