@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from evinfra.bench.aggregate import add_ratios, mean_summary, sanitize, spread
+from evinfra.bench.report import findings, main_table
+
+
+def block(label: str, e2e: float, ttft: float, **extra: Any) -> dict[str, Any]:
+    summary = {
+        "system": label,
+        "mean_e2e_s": e2e,
+        "p95_ttft_s": ttft,
+        "num_requests": 100,
+        "num_unfinished": 0,
+        "mean_tpot_s": 0.02,
+        "throughput_tok_s_per_gpu": 10.0,
+        "kv_hit_rate": 0.5,
+    }
+    summary.update(extra)
+    return {
+        "label": label,
+        "system": label,
+        "summary": summary,
+        "spread": {},
+        "seeds": [0],
+        "errors": {},
+        "runs": [f"{label}__seed0"],
+    }
+
+
+def test_mean_summary_and_spread() -> None:
+    a = {"system": "x", "mean_e2e_s": 1.0, "num_requests": 10, "p95_ttft_s": float("nan")}
+    b = {"system": "x", "mean_e2e_s": 3.0, "num_requests": 20, "p95_ttft_s": 1.0}
+    m = mean_summary([a, b])
+    assert m["system"] == "x"
+    assert m["mean_e2e_s"] == 2.0
+    assert m["num_requests"] == 15.0
+    assert math.isnan(m["p95_ttft_s"])
+    s = spread([a, b])
+    assert s["mean_e2e_s"] == {"min": 1.0, "max": 3.0, "std": 1.0}
+    assert mean_summary([a])["num_requests"] == 10
+
+
+def test_ratios_against_baseline_and_floor() -> None:
+    blocks = {
+        "evolving": block("evolving", 2.0, 0.1),
+        "dynamo": block("dynamo", 8.0, 1.4),
+        "oracle": block("oracle", 1.0, 0.05),
+    }
+    add_ratios(blocks, "dynamo", "oracle")
+    assert blocks["evolving"]["ratio_vs_dynamo"]["mean_e2e_s"] == pytest.approx(4.0)
+    assert blocks["evolving"]["ratio_vs_dynamo"]["p95_ttft_s"] == pytest.approx(14.0)
+    assert blocks["dynamo"]["ratio_vs_dynamo"]["mean_e2e_s"] == pytest.approx(1.0)
+    assert blocks["evolving"]["vs_floor"]["mean_e2e_s"] == pytest.approx(2.0)
+    assert blocks["oracle"]["vs_floor"]["p95_ttft_s"] == pytest.approx(1.0)
+
+
+def test_ratios_missing_baseline_are_none() -> None:
+    blocks = {"evolving": block("evolving", 2.0, 0.1)}
+    add_ratios(blocks, "dynamo", "oracle")
+    assert blocks["evolving"]["ratio_vs_dynamo"] == {"mean_e2e_s": None, "p95_ttft_s": None}
+
+
+def test_sanitize_removes_nan() -> None:
+    assert sanitize({"a": [float("nan"), 1.0], "b": float("inf")}) == {"a": [None, 1.0], "b": None}
+
+
+def make_results(**systems: dict[str, Any]) -> dict[str, Any]:
+    add_ratios(systems, "dynamo", "oracle")
+    return {"baseline": "dynamo", "floor": "oracle", "systems": systems, "goodput": None}
+
+
+def test_findings_say_who_is_ahead_and_behind() -> None:
+    res = make_results(
+        evolving=block("evolving", 2.0, 0.1),
+        slow=block("slow", 10.0, 0.5),
+        dynamo=block("dynamo", 8.0, 1.4),
+    )
+    text = "\n".join(findings(res))
+    assert "`evolving` is ahead of `dynamo`: 4.00x lower mean e2e latency, 14.00x" in text
+    assert "**`slow` is behind `dynamo`** on mean e2e (mean e2e 0.80x" in text
+
+
+def test_findings_flag_unfinished_and_failures() -> None:
+    bad = block("evolving", 2.0, 0.1, num_unfinished=50)
+    bad["errors"] = {"1": "boom"}
+    res = make_results(evolving=bad, dynamo=block("dynamo", 8.0, 1.4))
+    text = "\n".join(findings(res))
+    assert "left 50 of 150" in text
+    assert "failed for seed(s) 1" in text
+
+
+def test_main_table_rows() -> None:
+    res = make_results(evolving=block("evolving", 2.0, 0.1), dynamo=block("dynamo", 8.0, 1.4))
+    lines = main_table(res)
+    row = next(x for x in lines if x.startswith("| evolving"))
+    assert "| 2.000 | 4.00x | 0.100 | 14.00x |" in row

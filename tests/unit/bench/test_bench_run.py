@@ -1,0 +1,165 @@
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from evinfra.bench.cli import add_bench_parser
+from evinfra.bench.run import run_bench
+from evinfra.bench.scenario import load_scenario, parse_scenario
+
+REPO = Path(__file__).resolve().parents[3]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_bench_parser(sub)
+    args = parser.parse_args(["bench", *argv])
+    return int(args.handler(args))
+
+
+def is_png(path: Path) -> bool:
+    return path.is_file() and path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_point_scenario_outputs(tmp_path: Path, scenario_data: dict[str, Any]) -> None:
+    scenario_data["systems"] = [
+        "evolving",
+        "dynamo",
+        "oracle",
+        {"name": "dynamo", "label": "broken", "system_options": {"bogus": 1}},
+    ]
+    lines: list[str] = []
+    results = run_bench(
+        parse_scenario(scenario_data), tmp_path, command="evinfra bench x.yaml", log=lines.append
+    )
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    assert on_disk["scenario"] == "tiny"
+    systems = on_disk["systems"]
+    assert set(systems) == {"evolving", "dynamo", "oracle", "broken"}
+    evo = systems["evolving"]
+    # the summary keys of `evinfra sim`, and the ratios computed from them
+    for key in ("num_requests", "mean_e2e_s", "p95_ttft_s", "mean_tpot_s", "kv_hit_rate"):
+        assert key in evo["summary"]
+    dyn = systems["dynamo"]["summary"]
+    ratio = evo["ratio_vs_dynamo"]
+    assert ratio["mean_e2e_s"] == pytest.approx(dyn["mean_e2e_s"] / evo["summary"]["mean_e2e_s"])
+    assert ratio["p95_ttft_s"] == pytest.approx(dyn["p95_ttft_s"] / evo["summary"]["p95_ttft_s"])
+    assert systems["broken"]["summary"] is None
+    assert "bogus" in systems["broken"]["errors"]["0"]
+    assert on_disk["runs"]["broken__seed0"]["ok"] is False
+    report = (tmp_path / "report.md").read_text()
+    assert "evinfra bench x.yaml" in report
+    assert "| evolving |" in report and "`broken` failed" in report
+    for name in ("latency_cdf.png", "pd_split.png", "kv_hit_rate.png"):
+        assert is_png(tmp_path / name), name
+        assert f"({name})" in report
+    assert not (tmp_path / "latency_vs_load.png").exists()
+    assert results["systems"]["dynamo"]["summary"]["num_requests"] == dyn["num_requests"]
+
+
+def test_sweep_and_goodput(tmp_path: Path, scenario_data: dict[str, Any]) -> None:
+    scenario_data["systems"] = ["evolving", "dynamo"]
+    scenario_data["sweep"] = {"field": "session_rate", "values": [0.5, 1.0, 2.0]}
+    # a TPOT target between the two loads' values makes the search bracket something
+    scenario_data["goodput"] = {
+        "ttft_p95_s": 10.0,
+        "tpot_mean_s": 10.0,
+        "rate_lo": 0.5,
+        "rate_hi": 4.0,
+        "iterations": 2,
+    }
+    results = run_bench(parse_scenario(scenario_data), tmp_path, log=lambda _: None)
+    sweep = results["sweep"]
+    assert [p["value"] for p in sweep["points"]] == [0.5, 1.0, 2.0]
+    assert sweep["headline"] == 1.0
+    assert results["systems"] == sweep["points"][1]["systems"]
+    assert (
+        sweep["points"][2]["systems"]["dynamo"]["summary"]["num_requests"]
+        > (sweep["points"][0]["systems"]["dynamo"]["summary"]["num_requests"])
+    )
+    gp = results["goodput"]["systems"]
+    for label in ("evolving", "dynamo"):
+        tried = {p["value"] for p in gp[label]["points"]}
+        # the sweep's points were reused, the range's ends evaluated
+        assert {0.5, 1.0, 2.0, 4.0} <= tried
+        assert gp[label]["bound"] == "at_least" and gp[label]["rate"] == 4.0
+    assert gp["dynamo"]["ratio_vs_dynamo"] == 1.0
+    assert is_png(tmp_path / "latency_vs_load.png")
+    assert is_png(tmp_path / "goodput.png")
+    report = (tmp_path / "report.md").read_text()
+    assert "## Latency against load" in report and "## Goodput" in report
+    # goodput runs at 4.0 sessions/s exist as runs of their own
+    assert "dynamo__session_rate=4__seed0" in results["runs"]
+
+
+def test_goodput_tight_target_bisects(tmp_path: Path, scenario_data: dict[str, Any]) -> None:
+    scenario_data["systems"] = ["dynamo"]
+    scenario_data["goodput"] = {
+        "ttft_p95_s": 1e-6,
+        "tpot_mean_s": 10.0,
+        "rate_lo": 0.5,
+        "rate_hi": 2.0,
+        "iterations": 3,
+    }
+    results = run_bench(parse_scenario(scenario_data), tmp_path, log=lambda _: None, plots=False)
+    g = results["goodput"]["systems"]["dynamo"]
+    assert g["bound"] == "below" and g["rate"] == 0.0
+    assert g["ratio_vs_dynamo"] is None
+    assert all("TTFT" in p["reason"] for p in g["points"])
+
+
+def test_cli_resume_and_errors(
+    tmp_path: Path, scenario_data: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario_data["systems"] = ["dynamo", "oracle"]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario_data))
+    out = tmp_path / "out"
+    assert run_cli([str(path), "--out", str(out), "--jobs", "1", "--no-plots"]) == 0
+    captured = capsys.readouterr()
+    assert "| dynamo |" in captured.out
+    assert "[2/2]" in captured.err
+    assert run_cli([str(path), "--out", str(out), "--resume", "--no-plots"]) == 0
+    assert "stored" in capsys.readouterr().err
+    results = json.loads((out / "results.json").read_text())
+    assert all(r["reused"] for r in results["runs"].values())
+
+    scenario_data["base"]["gpus_per_node"] = 4
+    path.write_text(yaml.safe_dump(scenario_data))
+    assert run_cli([str(path), "--out", str(out)]) == 2
+    assert "base: num_gpus" in capsys.readouterr().err
+
+
+def test_mooncake_trace_scenario_expands() -> None:
+    path = REPO / "benchmarks" / "mooncake-conversation.yaml"
+    trace = REPO.parent / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl"
+    if not trace.is_file():
+        pytest.skip("shared Mooncake traces absent")
+    scenario = load_scenario(path)
+    run = (
+        scenario
+        and __import__("evinfra.bench.scenario", fromlist=["main_runs"]).main_runs(
+            scenario, scenario_path=path
+        )[0]
+    )
+    assert Path(run.config.trace).is_file()
+
+
+@pytest.mark.slow
+def test_smoke_scenario_runs(tmp_path: Path) -> None:
+    """benchmarks/smoke.yaml, whole: the CI smoke (about a minute on two cores)."""
+    out = tmp_path / "smoke"
+    assert run_cli([str(REPO / "benchmarks" / "smoke.yaml"), "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert {"evolving", "dynamo", "oracle"} <= set(results["systems"])
+    assert all(r["ok"] for r in results["runs"].values())
+    assert (out / "report.md").is_file()
+    shutil.rmtree(out)

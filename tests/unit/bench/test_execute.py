@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evinfra.bench.aggregate import sanitize
+from evinfra.bench.execute import BenchExecutor
+from evinfra.bench.scenario import RunSpec, main_runs, parse_scenario
+from evinfra.bench.store import load_latencies, load_timeseries, run_dir
+
+
+def make_runs(data: dict[str, Any]) -> list[RunSpec]:
+    return main_runs(parse_scenario(data))
+
+
+def test_failed_run_is_reported_without_losing_the_others(
+    tmp_path: Path, scenario_data: dict[str, Any]
+) -> None:
+    scenario_data["systems"] = [
+        "dynamo",
+        {"name": "dynamo", "label": "broken", "system_options": {"no_such_option": 1}},
+    ]
+    lines: list[str] = []
+    with BenchExecutor(tmp_path, jobs=1, log=lines.append) as ex:
+        out = ex.run(make_runs(scenario_data))
+    assert out["dynamo__seed0"].ok
+    bad = out["broken__seed0"]
+    assert not bad.ok
+    assert bad.error is not None and "no_such_option" in bad.error
+    err = json.loads((run_dir(tmp_path, "broken__seed0") / "error.json").read_text())
+    assert "no_such_option" in err["error"]
+    assert any("FAILED" in x and "broken__seed0" in x for x in lines)
+    assert any(x.startswith("[1/2] dynamo__seed0") for x in lines)
+
+
+def test_run_files_are_written(tmp_path: Path, scenario_data: dict[str, Any]) -> None:
+    scenario_data["systems"] = ["dynamo"]
+    with BenchExecutor(tmp_path, log=lambda _: None) as ex:
+        (outcome,) = ex.run(make_runs(scenario_data)).values()
+    assert outcome.summary is not None
+    d = run_dir(tmp_path, "dynamo__seed0")
+    stored = json.loads((d / "summary.json").read_text())
+    assert stored["num_requests"] == outcome.summary["num_requests"] > 0
+    lat = load_latencies(tmp_path, "dynamo__seed0")
+    assert lat is not None and len(lat.e2e_s) == outcome.summary["num_requests"]
+    assert (lat.e2e_s >= lat.ttft_s).all()
+    assert load_timeseries(tmp_path, "dynamo__seed0")
+
+
+def test_resume_reuses_matching_runs_only(tmp_path: Path, scenario_data: dict[str, Any]) -> None:
+    scenario_data["systems"] = ["dynamo"]
+    runs = make_runs(scenario_data)
+    with BenchExecutor(tmp_path, log=lambda _: None) as ex:
+        first = ex.run(runs)["dynamo__seed0"]
+    with BenchExecutor(tmp_path, resume=True, log=lambda _: None) as ex:
+        again = ex.run(runs)["dynamo__seed0"]
+    assert again.reused
+    assert again.summary == json.loads(json.dumps(first.summary))
+    # without --resume, or with a different config, the run is done again
+    with BenchExecutor(tmp_path, log=lambda _: None) as ex:
+        assert not ex.run(runs)["dynamo__seed0"].reused
+    scenario_data["base"]["duration_s"] = 21
+    with BenchExecutor(tmp_path, resume=True, log=lambda _: None) as ex:
+        assert not ex.run(make_runs(scenario_data))["dynamo__seed0"].reused
+
+
+def test_resume_reruns_a_failed_run(tmp_path: Path, scenario_data: dict[str, Any]) -> None:
+    scenario_data["systems"] = [{"name": "dynamo", "system_options": {"bad": 1}}]
+    runs = make_runs(scenario_data)
+    with BenchExecutor(tmp_path, log=lambda _: None) as ex:
+        assert not ex.run(runs)["dynamo__seed0"].ok
+    with BenchExecutor(tmp_path, resume=True, log=lambda _: None) as ex:
+        outcome = ex.run(runs)["dynamo__seed0"]
+    assert not outcome.reused and not outcome.ok
+
+
+def test_worker_processes_give_the_same_results(
+    tmp_path: Path, scenario_data: dict[str, Any]
+) -> None:
+    scenario_data["systems"] = ["dynamo", "oracle"]
+    runs = make_runs(scenario_data)
+    with BenchExecutor(tmp_path / "a", jobs=1, log=lambda _: None) as ex:
+        serial = ex.run(runs)
+    lines: list[str] = []
+    with BenchExecutor(tmp_path / "b", jobs=2, log=lines.append) as ex:
+        parallel = ex.run(runs)
+    for run_id, outcome in serial.items():
+        a, b = dict(outcome.summary or {}), dict(parallel[run_id].summary or {})
+        for volatile in ("wall_s", "events_per_s", "sim_s_per_wall_s"):
+            a.pop(volatile), b.pop(volatile)
+        assert sanitize(a) == sanitize(b)
+    assert len(lines) == 2
+    assert "ETA" in lines[0]
+
+
+def test_eta_scales_remaining_work(tmp_path: Path, scenario_data: dict[str, Any]) -> None:
+    scenario_data["systems"] = ["dynamo"]
+    scenario_data["seeds"] = [0, 1, 2, 3]
+    runs = make_runs(scenario_data)
+    with BenchExecutor(tmp_path, log=lambda _: None) as ex:
+        ex.plan(runs)
+        ex.run(runs[:1])
+        eta = ex.eta_s()
+        assert eta is not None
+        per_run = ex.outcomes[runs[0].run_id].wall_s
+        assert eta == pytest.approx(3 * per_run)
