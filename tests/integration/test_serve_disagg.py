@@ -88,7 +88,7 @@ def test_disaggregated_output_equals_single_node(server: ServerProcess) -> None:
 
 
 def test_role_switches_under_load_lose_nothing(server: ServerProcess) -> None:
-    cases = [(prompt(20 + i, 30 + 7 * i), 100) for i in range(12)]
+    cases = [(prompt(20 + i, 30 + 7 * i), 60) for i in range(8)]
     expected = [reference(ids, n) for ids, n in cases]
     switches = [
         {"node": 0, "role": "decode"}, {"node": 1, "role": "prefill"},
@@ -112,7 +112,7 @@ def test_role_switches_under_load_lose_nothing(server: ServerProcess) -> None:
     start = time.monotonic()
     outputs, in_flight = asyncio.run(run())
     assert time.monotonic() - start < 60
-    assert in_flight > 0  # the switches happened while requests were running
+    assert in_flight >= 2  # the switches happened while requests were running
     assert outputs == expected
     metrics = server.get("/metrics").text
     assert f"evinfra_role_switches_total {len(switches)}" in metrics

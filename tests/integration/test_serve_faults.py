@@ -62,3 +62,33 @@ def test_killed_node_fails_its_request_and_the_other_keeps_serving(server: Serve
     assert "evinfra_node_failures_total 1" in metrics
     assert f'evinfra_node_up{{node="{node["node"]}"}} 0.0' in metrics
     assert not pid_alive(node["pid"])
+
+
+def test_request_that_streamed_nothing_is_resent_to_a_live_node() -> None:
+    """A node dies during a slow prefill (timed executor at 1/50 speed): the request
+    goes to the other node and completes; the metrics count the retry."""
+    import asyncio
+
+    from evinfra.serve.executors import ExecutorSpec
+    from evinfra.serve.runtime import ClusterConfig, LocalCluster
+
+    async def run() -> tuple[list[int], str | None, int]:
+        spec = ExecutorSpec(kind="timed", model="tiny", cost_options=(("speedup_ratio", 0.02),))
+        cluster = LocalCluster(ClusterConfig(spec, num_nodes=2, system="round-robin"))
+        await cluster.start()
+        try:
+            handle = cluster.generate(list(range(3, 103)), 4)
+            await asyncio.sleep(0.3)  # node 0 is prefilling (about 1 s at this speed)
+            os.kill(cluster.worker_pids[0], signal.SIGKILL)
+            tokens: list[int] = []
+            error = None
+            async with asyncio.timeout(20):
+                async for event in handle.stream():
+                    tokens.extend(event.token_ids)
+                    error = event.error or error
+            return tokens, error, cluster.metrics.num_retried
+        finally:
+            await cluster.stop()
+
+    tokens, error, retried = asyncio.run(run())
+    assert error is None and len(tokens) == 4 and retried == 1

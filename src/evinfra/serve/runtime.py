@@ -22,6 +22,7 @@ from multiprocessing.connection import wait as wait_sentinels
 from typing import Any
 
 from evinfra.core.blocks import hash_token_blocks
+from evinfra.core.eviction import LRUEviction
 from evinfra.core.types import AgentHints, Request, Role, RoleChange, SwitchMode
 from evinfra.costmodel.base import CostModel
 from evinfra.policy.base import DropBlocks, KVAction, OffloadBlocks, RequestArrived
@@ -532,14 +533,18 @@ class LocalCluster:
 
 
 def _picklable_eviction(bundle: SystemBundle, node_id: int) -> Any:
-    """The bundle's eviction strategy for a node, if it can cross into the worker process
-    (a strategy whose scores live in the frontend's KV manager cannot: LRU then)."""
-    import pickle
+    """The bundle's eviction strategy for a node when it can live in the worker process.
 
+    LRU can. A scored strategy reads its scores from the KV manager, which lives in the
+    frontend: a pickled copy would score from a frozen snapshot of the manager, so the
+    worker uses LRU instead (forwarding scores to workers is not built yet)."""
     eviction = bundle.kv_manager.eviction_for(node_id)
-    try:
-        pickle.dumps(eviction)
-    except Exception:
-        log.warning("node %d: eviction strategy %s stays LRU in the worker", node_id, eviction)
-        return None
-    return eviction
+    if isinstance(eviction, LRUEviction):
+        return eviction
+    if node_id == 0:
+        log.warning(
+            "system %s: eviction %s runs as LRU in the worker processes",
+            bundle.name,
+            type(eviction).__name__,
+        )
+    return None
