@@ -27,6 +27,20 @@ def _add_optional(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         pass
     else:
         add_workload_parser(sub)
+    try:
+        from evinfra.serve.cli import add_demo_parser, add_replay_parser, add_serve_parser
+    except ImportError:
+        pass
+    else:
+        add_serve_parser(sub)
+        add_replay_parser(sub)
+        add_demo_parser(sub)
+    try:
+        from evinfra.bench.cli import add_bench_parser
+    except ImportError:
+        pass
+    else:
+        add_bench_parser(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

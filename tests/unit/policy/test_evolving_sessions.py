@@ -1,0 +1,89 @@
+"""Session inference from prompt prefixes, and expected-next-use ordering."""
+
+from evinfra.core.types import AgentHints, ContextEvent, Request, SessionState
+from evinfra.policy.evolving.sessions import SessionTable
+
+
+def req(rid: int, prompt: list[int], output: list[int], hints: AgentHints | None = None) -> Request:
+    return Request(rid, tuple(prompt), len(prompt) * 16, 32, tuple(output), hints)
+
+
+SYSTEM = [1, 2]  # a system prompt every session shares
+
+
+def test_next_turn_is_inferred_from_prefix_without_hints() -> None:
+    table = SessionTable()
+    a1 = req(1, [*SYSTEM, 10, 11], [12])
+    b1 = req(2, [*SYSTEM, 20, 21], [22])
+    first = table.on_arrival(a1, 0.0)
+    other = table.on_arrival(b1, 0.0)
+    assert first.event is ContextEvent.START and other.event is ContextEvent.START
+    assert first.session_id != other.session_id
+    table.on_finish(a1, node_id=3, now_s=1.0)
+    table.on_finish(b1, node_id=4, now_s=1.0)
+    a2 = req(3, [*SYSTEM, 10, 11, 12, 13], [14])
+    arrival = table.on_arrival(a2, 2.0)
+    assert arrival.session_id == first.session_id
+    assert arrival.event is ContextEvent.APPEND
+    assert arrival.dead_hashes == ()
+    # the gap between the finish and the next call is learnt as the tool time
+    table.on_finish(a2, node_id=3, now_s=3.0)
+    assert table.sessions[first.session_id].expected_gap_s == 1.0
+
+
+def test_compaction_is_inferred_and_frees_the_dead_tail_only() -> None:
+    # steady state: two sessions hold the system prompt (with one session alone, a new
+    # session sharing only the system prompt cannot be told from a compaction)
+    table = SessionTable()
+    a1 = req(1, [*SYSTEM, 10, 11, 12], [13])
+    b1 = req(2, [*SYSTEM, 20], [21])
+    sid = table.on_arrival(a1, 0.0).session_id
+    assert table.on_arrival(b1, 0.5).session_id != sid
+    table.on_finish(a1, 0, 1.0)
+    table.on_finish(b1, 0, 1.5)
+    # the summary replaces history after the task block 10
+    a2 = req(3, [*SYSTEM, 10, 99], [98])
+    arrival = table.on_arrival(a2, 2.0)
+    assert arrival.session_id == sid
+    assert arrival.event is ContextEvent.TRUNCATE
+    # blocks 11, 12, 13 are dead; the shared system prompt survives (session b holds it)
+    assert arrival.dead_hashes == (11, 12, 13)
+    assert table.num_owners[1] == 2
+
+
+def test_extending_a_generating_context_is_a_fork() -> None:
+    table = SessionTable()
+    p1 = req(1, [*SYSTEM, 10], [11])
+    parent = table.on_arrival(p1, 0.0).session_id
+    table.on_finish(p1, 0, 1.0)
+    p2 = req(2, [*SYSTEM, 10, 11, 12], [13])
+    table.on_arrival(p2, 1.0)
+    child = table.on_arrival(req(3, [*SYSTEM, 10, 11, 12, 50], [51]), 1.1)
+    assert child.event is ContextEvent.FORK
+    assert table.sessions[child.session_id].parent_id == parent
+
+
+def test_hints_take_precedence_and_last_turn_ends_reuse() -> None:
+    table = SessionTable()
+    h = AgentHints("s1", expected_tool_s=7.0, context_event=ContextEvent.START)
+    r = req(1, [5, 6], [7], h)
+    table.on_arrival(r, 0.0)
+    entry = table.on_finish(r, 2, 10.0)
+    assert entry is not None
+    assert entry.state is SessionState.WAITING_TOOL
+    assert entry.expected_return_s() == 17.0
+    assert table.expected_next_use_s(6, now_s=10.0) == 17.0
+    last = AgentHints("s1", is_last_turn=True)
+    r2 = req(2, [5, 6, 7, 8], [9], last)
+    table.on_arrival(r2, 17.0)
+    table.on_finish(r2, 2, 18.0)
+    assert table.expected_next_use_s(8, now_s=18.0) == float("inf")
+
+
+def test_overdue_sessions_rank_by_idle_time() -> None:
+    table = SessionTable()
+    r = req(1, [5, 6], [7], AgentHints("s", expected_tool_s=1.0))
+    table.on_arrival(r, 0.0)
+    table.on_finish(r, 0, 0.0)
+    # expected back at 1 s; at 10 s it is 10 s idle: next use guessed 10 s away
+    assert table.expected_next_use_s(5, now_s=10.0) == 20.0
