@@ -1,0 +1,108 @@
+"""The evolving router (placement by predicted latency) and the online PD planner."""
+
+from evinfra.core.types import AgentHints, Request, Role, SwitchMode
+from evinfra.policy.base import RequestFinished
+from evinfra.policy.evolving.planner import EvolvingPlanner, PlannerConfig
+from evinfra.policy.evolving.rates import NodeRates
+from evinfra.policy.evolving.router import EvolvingRouter, RouterConfig
+from evinfra.policy.evolving.sessions import SessionTable
+from tests.unit.policy.dynamo_fakes import FakeNode, cached, cluster
+
+RATES = NodeRates(
+    prefill_tok_s=10_000.0,  # 1.6 ms a 16-token block
+    decode_step_s_at=((1, 0.01), (64, 0.02), (256, 0.05)),
+    bytes_per_block=16 * 1000,
+    link_bytes_s=1e9,  # 16 us a block
+    link_overhead_s=1e-3,
+    max_num_seqs=256,
+    kv_capacity_blocks=1000,
+)
+
+
+def request(num_blocks: int, extra_tokens: int = 0, rid: int = 7) -> Request:
+    return Request(
+        rid, tuple(range(num_blocks)), num_blocks * 16 + extra_tokens, 32, (), AgentHints("s")
+    )
+
+
+def test_next_turn_prefills_locally_where_its_context_lives() -> None:
+    router = EvolvingRouter(SessionTable(), RATES, RouterConfig())
+    view = cluster(
+        FakeNode(0, Role.PREFILL, device_hashes=cached(2)),
+        FakeNode(1, Role.DECODE, device_hashes=cached(200), num_running_decodes=8),
+        FakeNode(2, Role.DECODE, num_running_decodes=8),
+    )
+    # equal decode load; 200 cached blocks on node 1 and 100 new tokens: prefill them
+    # there and decode there, moving nothing
+    route = router.route(request(200, extra_tokens=100), view, 0.0)
+    assert (route.prefill_node, route.decode_node, route.pull_from_node) == (1, 1, None)
+
+
+def test_large_new_input_goes_to_a_prefill_node_which_pulls_the_prefix() -> None:
+    router = EvolvingRouter(SessionTable(), RATES, RouterConfig(max_local_prefill_tokens=64))
+    view = cluster(
+        FakeNode(0, Role.PREFILL),
+        FakeNode(1, Role.DECODE, device_hashes=cached(200), num_running_decodes=8),
+        FakeNode(2, Role.DECODE, num_running_decodes=8),
+    )
+    route = router.route(request(200, extra_tokens=5000), view, 0.0)
+    # moving 200 blocks (~4 ms) beats recomputing 3,200 tokens (320 ms)
+    assert route.prefill_node == 0 and route.pull_from_node == 1
+    # and decode goes back to node 1, which holds the prefix: fewer blocks to move
+    assert route.decode_node == 1
+    no_pull = EvolvingRouter(SessionTable(), RATES, RouterConfig(False, 64))
+    assert no_pull.route(request(200, 5000), view, 0.0).pull_from_node is None
+
+
+def test_queued_prefill_node_loses_to_an_idle_one() -> None:
+    router = EvolvingRouter(SessionTable(), RATES, RouterConfig(max_local_prefill_tokens=0))
+    view = cluster(
+        FakeNode(0, Role.PREFILL, num_waiting_prefill_tokens=50_000),
+        FakeNode(1, Role.PREFILL),
+        FakeNode(2, Role.DECODE),
+    )
+    route = router.route(request(10, extra_tokens=8), view, 0.0)
+    assert (route.prefill_node, route.decode_node) == (1, 2)
+
+
+def planner(**kw: object) -> EvolvingPlanner:
+    args: dict[str, object] = {"interval_s": 5.0, "confirm_ticks": 2, "min_dwell_s": 0.0, **kw}
+    cfg = PlannerConfig(**args)  # type: ignore[arg-type]
+    return EvolvingPlanner(SessionTable(), RATES, 16, cfg)
+
+
+def finished(now_s: float, prompt: int, cached_tokens: int, out: int) -> RequestFinished:
+    req = Request(int(now_s * 1000), (), prompt, out)
+    return RequestFinished(req, now_s, cached_tokens, 0.1, 1.0, 0.02)
+
+
+def test_planner_moves_nodes_to_decode_when_work_turns_decode_heavy() -> None:
+    p = planner()
+    nodes = [FakeNode(i, Role.PREFILL if i < 3 else Role.DECODE) for i in range(4)]
+    view = cluster(*nodes)
+    for t in range(30):
+        p.observe(finished(float(t), prompt=1000, cached_tokens=900, out=3000))
+    # 100 uncached tokens/s needs no prefill node; 3000 tokens/s of decode needs several
+    assert p.plan(view, 30.0) == []  # first sighting: hysteresis holds
+    changes = p.plan(view, 35.0)
+    assert [c.node_id for c in changes] == [0, 1]
+    assert all(c.new_role is Role.DECODE and c.mode is SwitchMode.IN_PLACE for c in changes)
+
+
+def test_planner_respects_dwell_time_and_scores_its_predictions() -> None:
+    p = planner(min_dwell_s=60.0)
+    view = cluster(*[FakeNode(i, Role.DECODE) for i in range(4)])
+    for t in range(30):
+        p.observe(finished(float(t), prompt=50_000, cached_tokens=0, out=10))
+    p.plan(view, 30.0)
+    first = p.plan(view, 35.0)
+    assert len(first) >= 1 and first[0].new_role is Role.PREFILL
+    moved = {c.node_id for c in first}
+    view2 = cluster(*[FakeNode(i, Role.PREFILL if i in moved else Role.DECODE) for i in range(4)])
+    for t in range(40, 60):
+        p.observe(finished(float(t), prompt=100, cached_tokens=0, out=5000))
+    p.plan(view2, 60.0)
+    # the switched nodes may not flip back within their dwell time
+    back = p.plan(view2, 65.0)
+    assert not moved & {c.node_id for c in back}
+    assert len(p.prediction_log) >= 3
