@@ -11,7 +11,7 @@ import yaml
 
 from evinfra.bench.cli import add_bench_parser
 from evinfra.bench.run import run_bench
-from evinfra.bench.scenario import load_scenario, parse_scenario
+from evinfra.bench.scenario import load_scenario, main_runs, parse_scenario
 
 REPO = Path(__file__).resolve().parents[3]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -67,6 +67,7 @@ def test_point_scenario_outputs(tmp_path: Path, scenario_data: dict[str, Any]) -
 
 def test_sweep_and_goodput(tmp_path: Path, scenario_data: dict[str, Any]) -> None:
     scenario_data["systems"] = ["evolving", "dynamo"]
+    scenario_data["base"]["duration_s"] = 12
     scenario_data["sweep"] = {"field": "session_rate", "values": [0.5, 1.0, 2.0]}
     # a TPOT target between the two loads' values makes the search bracket something
     scenario_data["goodput"] = {
@@ -143,13 +144,7 @@ def test_mooncake_trace_scenario_expands() -> None:
     trace = REPO.parent / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl"
     if not trace.is_file():
         pytest.skip("shared Mooncake traces absent")
-    scenario = load_scenario(path)
-    run = (
-        scenario
-        and __import__("evinfra.bench.scenario", fromlist=["main_runs"]).main_runs(
-            scenario, scenario_path=path
-        )[0]
-    )
+    run = main_runs(load_scenario(path), scenario_path=path)[0]
     assert Path(run.config.trace).is_file()
 
 

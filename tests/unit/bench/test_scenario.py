@@ -152,8 +152,9 @@ def test_trace_scenario_clears_the_workload(scenario_data: dict[str, Any]) -> No
 
 def test_shipped_scenarios_parse() -> None:
     root = Path(__file__).resolve().parents[3] / "benchmarks"
-    files = sorted(root.glob("*.yaml"))
+    files = sorted(root.glob("*.yaml")) + sorted(root.glob("reference/*.yaml"))
     assert any(f.name == "smoke.yaml" for f in files)
+    assert sum(1 for f in files if f.parent.name == "reference") == 24
     for f in files:
         s = load_scenario(f)
         assert main_runs(s, scenario_path=f)

@@ -1,0 +1,95 @@
+"""Simulator speed: events per second and simulated seconds per wall second against cluster
+size, under agent load that grows with the cluster (a fixed session rate per GPU).
+
+    .venv/bin/python benchmarks/sim_speed.py                       # 32..256 GPUs, 120 s each
+    .venv/bin/python benchmarks/sim_speed.py --gpus 64 --duration-s 60 120 240
+
+The cost should grow about linearly with simulated time and with cluster size: the last
+column (wall microseconds per simulated GPU-second) should stay roughly flat across rows,
+and `1 h of 256 GPUs` extrapolates the wall time of one simulated hour at that size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from evinfra.sim.config import SimConfig
+from evinfra.sim.runner import run_sim
+
+
+def measure(
+    system: str, num_gpus: int, duration_s: float, rate_per_gpu: float, args: argparse.Namespace
+) -> dict[str, float]:
+    cfg = SimConfig(
+        system=system,
+        workload=args.workload,
+        model=args.model,
+        gpu=args.gpu,
+        num_gpus=num_gpus,
+        session_rate=rate_per_gpu * num_gpus,
+        duration_s=duration_s,
+        warmup_s=min(30.0, duration_s / 4),
+        drain_s=args.drain_s,
+        seed=args.seed,
+    )
+    start = time.perf_counter()
+    result = run_sim(cfg)
+    wall_s = time.perf_counter() - start
+    s = result.summary
+    sim_s = float(s["sim_end_s"])
+    return {
+        "wall_s": wall_s,
+        "events": float(s["sim_events"]),
+        "events_per_s": float(s["sim_events"]) / wall_s,
+        "sim_s_per_wall_s": sim_s / wall_s,
+        "us_per_gpu_s": 1e6 * wall_s / (sim_s * num_gpus),
+        "requests": float(s["num_requests"]),
+        "unfinished": float(s["num_unfinished"]),
+        "p95_ttft_s": float(s["p95_ttft_s"]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--systems", nargs="+", default=["dynamo", "evolving"])
+    p.add_argument("--gpus", nargs="+", type=int, default=[32, 64, 128, 256])
+    p.add_argument("--duration-s", nargs="+", type=float, default=[120.0])
+    p.add_argument("--drain-s", type=float, default=60.0)
+    p.add_argument(
+        "--rate-per-gpu", type=float, default=1 / 16, help="sessions/s per GPU (default 1/16)"
+    )
+    p.add_argument("--workload", default="coding")
+    p.add_argument("--model", default="kimi-k2")
+    p.add_argument("--gpu", default="gb300")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    print(
+        f"workload {args.workload}, model {args.model} on {args.gpu},"
+        f" {args.rate_per_gpu:g} sessions/s per GPU, drain {args.drain_s:g} s"
+    )
+    header = (
+        "| system | GPUs | sim s | wall s | events | events/s | sim s / wall s"
+        " | wall us / GPU-s | 1 h of 256 GPUs | requests | unfinished | P95 TTFT s |"
+    )
+    print(header)
+    print("| --- |" + " ---: |" * (header.count("|") - 2))
+    for system in args.systems:
+        for num_gpus in args.gpus:
+            for duration_s in args.duration_s:
+                m = measure(system, num_gpus, duration_s, args.rate_per_gpu, args)
+                hour_256_min = m["us_per_gpu_s"] * 1e-6 * 3600 * 256 / 60
+                print(
+                    f"| {system} | {num_gpus} | {duration_s:g} | {m['wall_s']:.1f}"
+                    f" | {m['events']:.0f} | {m['events_per_s']:.0f}"
+                    f" | {m['sim_s_per_wall_s']:.2f} | {m['us_per_gpu_s']:.0f}"
+                    f" | {hour_256_min:.0f} min | {m['requests']:.0f} | {m['unfinished']:.0f}"
+                    f" | {m['p95_ttft_s']:.3f} |",
+                    flush=True,
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
