@@ -22,7 +22,7 @@ RATE_PER_64_GPUS = {
     # sessions/s on 64 GB300 GPUs: about 70-80% of the rate at which dynamo's P95 TTFT
     # jumps from tens of milliseconds to seconds in a 200 s probe
     ("kimi-k2", "coding"): 10.0,
-    ("kimi-k2", "math"): 5.0,
+    ("kimi-k2", "math"): 6.0,
     ("kimi-k2", "computer-use"): 3.0,
     ("kimi-k2", "mixed"): 5.0,
     ("glm-5", "coding"): 10.0,

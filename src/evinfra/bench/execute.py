@@ -106,12 +106,15 @@ class BenchExecutor:
 
     def run(self, specs: list[RunSpec]) -> dict[str, RunOutcome]:
         """Outcomes of `specs` (already known ones are not run twice)."""
-        todo: list[RunSpec] = []
-        seen: set[str] = set()
+        unique: dict[str, RunSpec] = {}
         for spec in specs:
-            if spec.run_id in self.outcomes or spec.run_id in seen:
-                continue
-            seen.add(spec.run_id)
+            if spec.run_id not in self.outcomes:
+                unique.setdefault(spec.run_id, spec)
+        self._num_planned = max(self._num_planned, self._num_done + len(unique))
+        batch_work = sum(s.work for s in unique.values())
+        self.planned_work = max(self.planned_work, self._done_work + batch_work)
+        todo: list[RunSpec] = []
+        for spec in unique.values():
             stored = load_summary(self.out, spec.run_id, spec.config) if self.resume else None
             if stored is not None:
                 self._finish(spec, RunOutcome(spec.run_id, stored, None, 0.0, reused=True))

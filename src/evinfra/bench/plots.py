@@ -133,7 +133,9 @@ def plot_pd_split(results: dict[str, Any], out: Path) -> Path | None:
     if not ref_series:
         return None
     n = len(labels) + 1
-    fig, axes = plt.subplots(n, 1, figsize=(11, 1.5 + 1.55 * n), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(
+        n, 1, figsize=(11, 1.5 + 1.55 * n), sharex=True, squeeze=False, layout="constrained"
+    )
     ax0 = axes[0][0]
     t, by_kind = _composition(ref_series)
     if by_kind:
@@ -148,7 +150,7 @@ def plot_pd_split(results: dict[str, Any], out: Path) -> Path | None:
         row[0].axvline(warm, color="#555555", lw=0.8, ls="--")
         row[0].grid(True, alpha=0.25)
     axes[-1][0].set_xlabel("simulated time (s); dashed: end of warm-up")
-    fig.suptitle(f"PD split against workload composition{_headline(results)}", y=1.0)
+    fig.suptitle(f"PD split against workload composition{_headline(results)}")
     return _save(fig, out / "pd_split.png")
 
 
@@ -252,7 +254,7 @@ def plot_goodput(results: dict[str, Any], out: Path) -> Path | None:
             fontsize=9,
         )
     t = g["targets"]
-    ax.set_ylabel(f"goodput: max {t['field'].replace('_', ' ')}")
+    ax.set_ylabel(f"goodput: highest {t['field'].replace('_', ' ')} (/s)")
     ax.set_title(
         f"goodput at P95 TTFT <= {t['ttft_p95_s']:g} s,"
         f" mean TPOT <= {t['tpot_mean_s'] * 1000:g} ms (ratio vs {results['baseline']})",

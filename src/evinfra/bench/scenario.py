@@ -236,7 +236,7 @@ def make_run(
     base = quick_base(scenario.base) if quick else dict(scenario.base)
     if base.get("trace"):
         base["trace"] = resolve_trace(str(base["trace"]), scenario_path)
-        base.setdefault("workload", None)
+        base["workload"] = None  # a trace replaces the generator (as in `evinfra sim`)
     data: dict[str, Any] = {**base, "system": entry.name, "seed": seed}
     data["system_options"] = dict(entry.system_options)
     run_id = f"{entry.display}__seed{seed}"
