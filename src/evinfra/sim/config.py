@@ -34,6 +34,9 @@ class SimConfig(BaseModel):
     block_size: int = Field(64, gt=0)
     cost_model: str = "roofline"
     cost_options: dict[str, Any] = Field(default_factory=dict)
+    kv_capacity_scale: float = Field(
+        1.0, gt=0, description="multiplies each node's device KV (below 1: KV pressure)"
+    )
     max_num_batched_tokens: int = Field(8192, gt=0)
     max_num_seqs: int = Field(256, gt=0)
     duration_s: float = Field(600.0, gt=0)

@@ -53,6 +53,10 @@ def build_node_spec(cfg: SimConfig) -> NodeSpec:
         raise ConfigError(f"node: {exc}") from None
 
 
+def num_device_blocks(cfg: SimConfig, spec: NodeSpec) -> int:
+    return max(1, int(spec.num_device_blocks * cfg.kv_capacity_scale))
+
+
 def build_workload(cfg: SimConfig) -> Workload:
     from evinfra.workloads.factory import load_trace, make_workload
 
@@ -81,7 +85,7 @@ def build_bundle(cfg: SimConfig, spec: NodeSpec, cost: CostModel) -> SystemBundl
     shape = ClusterShape(
         num_nodes=cfg.num_nodes,
         block_size=cfg.block_size,
-        num_device_blocks_per_node=spec.num_device_blocks,
+        num_device_blocks_per_node=num_device_blocks(cfg, spec),
         num_host_blocks_per_node=spec.num_host_blocks,
         kv_bytes_per_token=spec.kv_bytes_per_token,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
@@ -115,7 +119,7 @@ def build_simulation(
     nodes = []
     for i, role in enumerate(bundle.initial_roles):
         pool = KVPool(
-            int(spec.num_device_blocks * bundle.kv_capacity_scale),
+            max(1, int(num_device_blocks(cfg, spec) * bundle.kv_capacity_scale)),
             spec.num_host_blocks if bundle.host_tier else 0,
             bundle.kv_manager.eviction_for(i),
         )

@@ -1,7 +1,7 @@
 """Session inference from prompt prefixes, and expected-next-use ordering."""
 
 from evinfra.core.types import AgentHints, ContextEvent, Request, SessionState
-from evinfra.policy.evolving.sessions import SessionTable
+from evinfra.policy.evolving.sessions import TIER_ACTIVE, TIER_AWAY, TIER_DEAD, SessionTable
 
 
 def req(rid: int, prompt: list[int], output: list[int], hints: AgentHints | None = None) -> Request:
@@ -72,12 +72,14 @@ def test_hints_take_precedence_and_last_turn_ends_reuse() -> None:
     assert entry is not None
     assert entry.state is SessionState.WAITING_TOOL
     assert entry.expected_return_s() == 17.0
-    assert table.expected_next_use_s(6, now_s=10.0) == 17.0
+    assert table.keep_score(6, node_id=2, now_s=10.0) == TIER_ACTIVE
+    # a block no live session claims is unknown, not dead
+    assert table.keep_score(12345, node_id=2, now_s=10.0) == TIER_ACTIVE
     last = AgentHints("s1", is_last_turn=True)
     r2 = req(2, [5, 6, 7, 8], [9], last)
     table.on_arrival(r2, 17.0)
     table.on_finish(r2, 2, 18.0)
-    assert table.expected_next_use_s(8, now_s=18.0) == float("inf")
+    assert table.keep_score(8, node_id=2, now_s=18.0) == TIER_DEAD
 
 
 def test_overdue_sessions_rank_by_idle_time() -> None:
@@ -85,5 +87,6 @@ def test_overdue_sessions_rank_by_idle_time() -> None:
     r = req(1, [5, 6], [7], AgentHints("s", expected_tool_s=1.0))
     table.on_arrival(r, 0.0)
     table.on_finish(r, 0, 0.0)
-    # expected back at 1 s; at 10 s it is 10 s idle: next use guessed 10 s away
-    assert table.expected_next_use_s(5, now_s=10.0) == 20.0
+    # expected back at 1 s: active until it is 30 s overdue, then away
+    assert table.keep_score(5, node_id=0, now_s=10.0) == TIER_ACTIVE
+    assert table.keep_score(5, node_id=0, now_s=40.0) == TIER_AWAY

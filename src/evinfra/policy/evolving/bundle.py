@@ -17,6 +17,8 @@ OPTIONS = (
     "planner",
     "in_place_switch",
     "agent_kv",
+    "agent_eviction",
+    "free_dead_blocks",
     "use_hints",
     "pull_prefix",
     "prefetch",
@@ -61,8 +63,8 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
     kv = AgentKVManager(
         table,
         KVManagerConfig(
-            agent_eviction=agent_kv,
-            free_dead_blocks=agent_kv,
+            agent_eviction=agent_kv and get_bool(options, "agent_eviction", True),
+            free_dead_blocks=agent_kv and get_bool(options, "free_dead_blocks", True),
             prefetch=agent_kv and get_bool(options, "prefetch", True),
         ),
     )

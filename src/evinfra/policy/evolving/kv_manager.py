@@ -44,12 +44,14 @@ class AgentKVManager:
     def eviction_for(self, node_id: int) -> EvictionPolicy:
         if not self.config.agent_eviction:
             return LRUEviction()
-        policy = ScoredEviction(self._score)
+        table = self.table
+
+        def score(block_hash: int) -> float:
+            return table.keep_score(block_hash, node_id, self.now_s)
+
+        policy = ScoredEviction(score)
         self.policies[node_id] = policy
         return policy
-
-    def _score(self, block_hash: int) -> float:
-        return -self.table.expected_next_use_s(block_hash, self.now_s)
 
     def _rescore(self, entry: SessionEntry) -> None:
         for node_id in entry.nodes:
@@ -77,8 +79,13 @@ class AgentKVManager:
             return []
         if entry.is_last_turn and not entry.num_inflight and not entry.num_children_running:
             return self._drop(self.table.end(entry.session_id), entry.nodes)
-        # no rescore here: the blocks just freed are scored when a victim is next needed,
-        # and older copies elsewhere are re-read when they reach the top of the heap
+        # the blocks just freed are scored when a victim is next needed; copies left on
+        # a home the session moved away from lose their value now
+        if entry.moved_from is not None:
+            policy = self.policies.get(entry.moved_from)
+            if policy is not None:
+                policy.rescore_hashes(entry.context_hashes)
+            entry.moved_from = None
         ret = entry.expected_return_s()
         key = (entry.session_id, entry.last_finish_s)
         heapq.heappush(self._prefetch_due, (ret - self.config.prefetch_lead_s, key))

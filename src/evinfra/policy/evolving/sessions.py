@@ -10,10 +10,16 @@ A request that extends the context of a session that is still generating is a fo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from evinfra.core.blocks import common_prefix_len
 from evinfra.core.types import ContextEvent, Request, SessionState
+
+TIER_DEAD = -math.inf
+TIER_AWAY = -2.0
+TIER_ACTIVE = -1.0
+TIER_SHARED = 0.0
 
 DEFAULT_GAP_S = 5.0
 """Prior for the gap before a session's next call, before any is observed."""
@@ -28,6 +34,9 @@ class SessionEntry:
     """Block hashes of the latest context: prompt plus the output's full blocks."""
     node_id: int | None = None
     """Where the latest context was decoded (where its KV lives)."""
+    moved_from: int | None = None
+    """The previous home node when the last call moved the session (its copies there
+    just lost their value)."""
     nodes: set[int] = field(default_factory=set)
     """Every node a request of this session was placed on (where its blocks may be)."""
     last_finish_s: float = 0.0
@@ -59,6 +68,8 @@ class Arrival:
 class SessionTable:
     use_hints: bool = True
     gap_alpha: float = 0.3
+    long_wait_s: float = 30.0
+    """A session not expected back within this long (or this long overdue) is away."""
     sessions: dict[str, SessionEntry] = field(default_factory=dict)
     owner: dict[int, str] = field(default_factory=dict)
     """Block hash -> the session whose context holds it (last writer)."""
@@ -155,6 +166,8 @@ class SessionTable:
                 self.num_owners[h] = self.num_owners.get(h, 0) + 1
             self.owner[h] = sid
         entry.context_hashes = context
+        if entry.node_id is not None and entry.node_id != node_id:
+            entry.moved_from = entry.node_id
         entry.node_id = node_id
         entry.last_finish_s = now_s
         hints = request.hints if self.use_hints else None
@@ -193,22 +206,37 @@ class SessionTable:
         if sid is not None and sid in self.sessions:
             self.sessions[sid].nodes.update(node_ids)
 
-    def expected_next_use_s(self, block_hash: int, now_s: float) -> float:
-        """When this block is expected to be read next (inf: never)."""
+    def keep_score(self, block_hash: int, node_id: int, now_s: float) -> float:
+        """How much a cached copy of `block_hash` on `node_id` is worth keeping; the lowest
+        is evicted first, and equal scores go least recently freed first (LRU).
+
+        Scores are tiers, not predicted times. Fine-grained next-use predictions (Belady
+        by expected return) and demoting copies away from a session's home node both lost
+        to LRU in our pressure runs (docs/evolving.md): a block is often read where and
+        when a single predicted return does not say. What the signals tell reliably:
+
+        - DEAD: the session said this was its last turn (compaction, truncation and
+          session ends are dropped outright, not ranked);
+        - AWAY: blocks of a session not expected back within `long_wait_s` (a human
+          pause, a long tool), or silent that long past its expected return;
+        - ACTIVE: everything else, including blocks no session claims yet (a request
+          still in flight): unknown is not dead;
+        - SHARED: a prefix several live sessions hold.
+
+        `node_id` is unused today: the tiers are the same on every node.
+        """
         sid = self.owner.get(block_hash)
-        if sid is None:
-            return float("inf")
-        n = self.num_owners.get(block_hash, 1)
-        entry = self.sessions.get(sid)
+        entry = self.sessions.get(sid) if sid is not None else None
         if entry is None:
-            return float("inf")
-        if entry.state is SessionState.GENERATING or entry.num_children_running:
-            return now_s
-        if entry.is_last_turn:
-            return float("inf")
+            return TIER_ACTIVE
+        busy = entry.state is SessionState.GENERATING or entry.num_children_running > 0
+        if entry.is_last_turn and not busy:
+            return TIER_DEAD
+        if self.num_owners.get(block_hash, 1) >= 2:
+            return TIER_SHARED
+        if busy:
+            return TIER_ACTIVE
         ret = entry.expected_return_s()
-        if ret < now_s:
-            # overdue: the longer a session has been idle, the longer it will stay so
-            ret = now_s + (now_s - entry.last_finish_s)
-        # a block many sessions share is read by whichever comes back first
-        return now_s + (ret - now_s) / n
+        if ret - now_s > self.long_wait_s or now_s - ret > self.long_wait_s:
+            return TIER_AWAY
+        return TIER_ACTIVE
