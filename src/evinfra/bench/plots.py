@@ -79,15 +79,23 @@ def plot_latency_cdf(results: dict[str, Any], out: Path) -> Path | None:
     return _save(fig, out / "latency_cdf.png")
 
 
-def _log_seconds_axis(ax: Axes) -> None:
-    """Log x axis labelled 0.01, 0.02, 0.05, 0.1 ... in plain numbers."""
-    ax.set_xscale("log")
-    lo, hi = ax.get_xlim()
+def _log_seconds_axis(ax: Axes, which: str = "x") -> None:
+    """Log axis labelled 0.01, 0.02, 0.05, 0.1 ... in plain numbers (1-2-5 steps when the
+    data spans few decades, decades otherwise). Call after plotting."""
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    if which == "x":
+        ax.set_xscale("log")
+        lo, hi = ax.get_xlim()
+    else:
+        ax.set_yscale("log")
+        lo, hi = ax.get_ylim()
     decades = np.log10(max(hi, 1e-9) / max(lo, 1e-9))
     subs = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)
-    ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    if decades < 0.7:
+        subs = tuple(float(x) for x in range(1, 10))
+    axis.set_major_locator(LogLocator(base=10, subs=subs))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _composition(series: list[dict[str, Any]]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -220,8 +228,8 @@ def plot_latency_vs_load(results: dict[str, Any], out: Path) -> Path | None:
                     capsize=3,
                     lw=1.5,
                 )
-        ax.set_yscale("log")
-        ax.set_xlabel(sw["field"].replace("_", " "))
+        _log_seconds_axis(ax, "y")
+        ax.set_xlabel(sw["field"].replace("_", " ") + " (/s)")
         ax.set_ylabel(f"{title} (s, log scale)")
         ax.set_title(f"{title} against load")
         ax.grid(True, which="both", alpha=0.25)
