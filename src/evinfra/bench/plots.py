@@ -90,7 +90,7 @@ def _log_seconds_axis(ax: Axes, which: str = "x") -> None:
         ax.set_yscale("log")
         lo, hi = ax.get_ylim()
     decades = np.log10(max(hi, 1e-9) / max(lo, 1e-9))
-    subs = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)
+    subs: tuple[float, ...] = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)
     if decades < 0.7:
         subs = tuple(float(x) for x in range(1, 10))
     axis.set_major_locator(LogLocator(base=10, subs=subs))
