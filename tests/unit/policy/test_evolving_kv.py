@@ -74,7 +74,7 @@ def test_compaction_drops_the_dead_context_at_once() -> None:
     assert actions == [DropBlocks(2, (3, 4, 5)), DropBlocks(3, (3, 4, 5))]
 
 
-def test_last_turn_frees_the_session_and_prefetch_precedes_a_return() -> None:
+def test_last_turn_orphans_the_session_and_prefetch_precedes_a_return() -> None:
     kv = AgentKVManager(SessionTable(), KVManagerConfig(prefetch_lead_s=2.0))
     r1 = req(1, "s", [1, 2], tool_s=10.0)
     kv.on_arrival(r1, 0.0)
@@ -85,4 +85,6 @@ def test_last_turn_frees_the_session_and_prefetch_precedes_a_return() -> None:
     assert kv.on_tick(view, 9.0) == [PrefetchBlocks(0, (1, 2))]
     r2 = req(2, "s", [1, 2, 3], tool_s=1.0, is_last_turn=True)
     kv.on_arrival(r2, 11.0)
-    assert kv.on_finish(r2, 0, 12.0) == [DropBlocks(0, (1, 2, 3))]
+    assert kv.on_finish(r2, 0, 12.0) == []
+    assert "s" not in kv.table.sessions
+    assert set(kv.table.orphans) == {1, 2, 3}

@@ -1,7 +1,7 @@
 """Session inference from prompt prefixes, and expected-next-use ordering."""
 
 from evinfra.core.types import AgentHints, ContextEvent, Request, SessionState
-from evinfra.policy.evolving.sessions import TIER_ACTIVE, TIER_AWAY, TIER_DEAD, SessionTable
+from evinfra.policy.evolving.sessions import TIER_ACTIVE, TIER_AWAY, SessionTable
 
 
 def req(rid: int, prompt: list[int], output: list[int], hints: AgentHints | None = None) -> Request:
@@ -79,7 +79,8 @@ def test_hints_take_precedence_and_last_turn_ends_reuse() -> None:
     r2 = req(2, [5, 6, 7, 8], [9], last)
     table.on_arrival(r2, 17.0)
     table.on_finish(r2, 2, 18.0)
-    assert table.keep_score(8, node_id=2, now_s=18.0) == TIER_DEAD
+    # a last turn's blocks rank low but are not thrown away (others may share them)
+    assert table.keep_score(8, node_id=2, now_s=18.0) == TIER_AWAY
 
 
 def test_overdue_sessions_rank_by_idle_time() -> None:

@@ -78,7 +78,9 @@ class AgentKVManager:
         if entry is None:
             return []
         if entry.is_last_turn and not entry.num_inflight and not entry.num_children_running:
-            return self._drop(self.table.end(entry.session_id), entry.nodes)
+            # not dropped: other sessions may share its prefix; its blocks rank low now
+            self.table.end(entry.session_id)
+            return []
         # the blocks just freed are scored when a victim is next needed; copies left on
         # a home the session moved away from lose their value now
         if entry.moved_from is not None:
@@ -116,7 +118,7 @@ class AgentKVManager:
             self._rescore(entry)
             idle_s = now_s - entry.last_finish_s
             if idle_s >= self.config.max_idle_s:
-                actions += self._drop(self.table.end(key[0]), entry.nodes)
+                self.table.end(key[0])
             else:
                 heapq.heappush(self._overdue_due, (now_s + max(idle_s, 1.0), key))
         return actions

@@ -10,13 +10,11 @@ A request that extends the context of a session that is still generating is a fo
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from evinfra.core.blocks import common_prefix_len
 from evinfra.core.types import ContextEvent, Request, SessionState
 
-TIER_DEAD = -math.inf
 TIER_AWAY = -2.0
 TIER_ACTIVE = -1.0
 TIER_SHARED = 0.0
@@ -76,6 +74,9 @@ class SessionTable:
     num_owners: dict[int, int] = field(default_factory=dict)
     """Block hash -> how many live session contexts hold it (shared prefixes > 1)."""
     request_session: dict[int, str] = field(default_factory=dict)
+    orphans: dict[int, None] = field(default_factory=dict)
+    """Blocks whose last holder ended (oldest first, at most `max_orphans`)."""
+    max_orphans: int = 1 << 20
     num_inferred_sessions: int = 0
     num_inferred_dead_blocks: int = 0
     output_tokens_ewma: float = 256.0
@@ -161,9 +162,11 @@ class SessionTable:
         old = set(entry.context_hashes)
         new = set(context)
         self._release(tuple(h for h in entry.context_hashes if h not in new))
+        orphans = self.orphans
         for h in context:
             if h not in old:
                 self.num_owners[h] = self.num_owners.get(h, 0) + 1
+                orphans.pop(h, None)
             self.owner[h] = sid
         entry.context_hashes = context
         if entry.node_id is not None and entry.node_id != node_id:
@@ -179,14 +182,21 @@ class SessionTable:
         return entry
 
     def end(self, sid: str) -> tuple[int, ...]:
-        """The session is over: returns the blocks only it held (now dead)."""
+        """The session is over: returns the blocks only it held, which become orphans
+        (kept at low priority: a later session may share them)."""
         entry = self.sessions.pop(sid, None)
         if entry is None:
             return ()
         entry.state = SessionState.FINISHED
         if entry.parent_id in self.sessions:
             self.sessions[entry.parent_id].num_children_running -= 1
-        return self._release(entry.context_hashes)
+        released = self._release(entry.context_hashes)
+        orphans = self.orphans
+        for h in released:
+            orphans[h] = None
+        while len(orphans) > self.max_orphans:
+            del orphans[next(iter(orphans))]
+        return released
 
     def _release(self, hashes: tuple[int, ...]) -> tuple[int, ...]:
         """Drop one holder from each block; returns those no live session holds now."""
@@ -215,10 +225,10 @@ class SessionTable:
         to LRU in our pressure runs (docs/evolving.md): a block is often read where and
         when a single predicted return does not say. What the signals tell reliably:
 
-        - DEAD: the session said this was its last turn (compaction, truncation and
-          session ends are dropped outright, not ranked);
-        - AWAY: blocks of a session not expected back within `long_wait_s` (a human
-          pause, a long tool), or silent that long past its expected return;
+        - AWAY: blocks of a session that has ended or said this was its last turn (not
+          dropped: another session may share the prefix, as requests of a trace do),
+          and of a session not expected back within `long_wait_s` (a human pause, a
+          long tool), or silent that long past its expected return;
         - ACTIVE: everything else, including blocks no session claims yet (a request
           still in flight): unknown is not dead;
         - SHARED: a prefix several live sessions hold.
@@ -228,10 +238,10 @@ class SessionTable:
         sid = self.owner.get(block_hash)
         entry = self.sessions.get(sid) if sid is not None else None
         if entry is None:
-            return TIER_ACTIVE
+            return TIER_AWAY if block_hash in self.orphans else TIER_ACTIVE
         busy = entry.state is SessionState.GENERATING or entry.num_children_running > 0
         if entry.is_last_turn and not busy:
-            return TIER_DEAD
+            return TIER_AWAY
         if self.num_owners.get(block_hash, 1) >= 2:
             return TIER_SHARED
         if busy:
