@@ -81,17 +81,13 @@ class AgentKVManager:
             # not dropped: other sessions may share its prefix; its blocks rank low now
             self.table.end(entry.session_id)
             return []
-        # the blocks just freed are scored when a victim is next needed; copies left on
-        # a home the session moved away from lose their value now
-        if entry.moved_from is not None:
-            policy = self.policies.get(entry.moved_from)
-            if policy is not None:
-                policy.rescore_hashes(entry.context_hashes)
-            entry.moved_from = None
+        # the blocks just freed are scored when a victim is next needed, with the tier
+        # of the session's state then; a tier changes later only when a session stays
+        # away past `long_wait_s` after its expected return (the overdue check below)
         ret = entry.expected_return_s()
         key = (entry.session_id, entry.last_finish_s)
         heapq.heappush(self._prefetch_due, (ret - self.config.prefetch_lead_s, key))
-        heapq.heappush(self._overdue_due, (ret, key))
+        heapq.heappush(self._overdue_due, (ret + self.table.long_wait_s, key))
         return []
 
     def _waiting_since(self, key: tuple[str, float]) -> bool:
@@ -113,12 +109,13 @@ class AgentKVManager:
             _, key = heapq.heappop(self._overdue_due)
             if not self._waiting_since(key):
                 continue
-            # overdue: its blocks now rank by how long it has been silent
+            # long overdue: its blocks drop to the away tier
             entry = self.table.sessions[key[0]]
             self._rescore(entry)
-            idle_s = now_s - entry.last_finish_s
-            if idle_s >= self.config.max_idle_s:
+            if now_s - entry.last_finish_s >= self.config.max_idle_s:
                 self.table.end(key[0])
             else:
-                heapq.heappush(self._overdue_due, (now_s + max(idle_s, 1.0), key))
+                heapq.heappush(
+                    self._overdue_due, (entry.last_finish_s + self.config.max_idle_s, key)
+                )
         return actions

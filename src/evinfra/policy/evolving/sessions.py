@@ -32,9 +32,6 @@ class SessionEntry:
     """Block hashes of the latest context: prompt plus the output's full blocks."""
     node_id: int | None = None
     """Where the latest context was decoded (where its KV lives)."""
-    moved_from: int | None = None
-    """The previous home node when the last call moved the session (its copies there
-    just lost their value)."""
     nodes: set[int] = field(default_factory=set)
     """Every node a request of this session was placed on (where its blocks may be)."""
     last_finish_s: float = 0.0
@@ -169,8 +166,6 @@ class SessionTable:
                 orphans.pop(h, None)
             self.owner[h] = sid
         entry.context_hashes = context
-        if entry.node_id is not None and entry.node_id != node_id:
-            entry.moved_from = entry.node_id
         entry.node_id = node_id
         entry.last_finish_s = now_s
         hints = request.hints if self.use_hints else None
