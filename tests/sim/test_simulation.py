@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 
 from evinfra.workloads.types import SessionArrival
@@ -21,7 +23,7 @@ def test_every_call_finishes_and_closed_loop_waits_for_predecessor() -> None:
     for r in recs:
         by_session.setdefault(r.session_id, []).append(r)
     for calls in by_session.values():
-        for prev, nxt in zip(calls, calls[1:], strict=False):
+        for prev, nxt in itertools.pairwise(calls):
             assert prev.finish_s is not None
             # sent only after the predecessor finished and the think time passed
             assert nxt.arrival_s == pytest.approx(prev.finish_s + 1.0)

@@ -61,7 +61,7 @@ def test_second_turn_hits_first_turns_prompt_and_output() -> None:
     run_to_idle(sched)
     # the next turn resends prompt + output + new tokens
     full = prompt + [1000 + 100 + i for i in range(8)]
-    r2 = make_request(2, full + [7, 7, 7, 7], 2)
+    r2 = make_request(2, [*full, 7, 7, 7, 7], 2)
     seq = sched.enqueue_prefill(r2, decode_here=True)
     plan = sched.schedule()
     assert plan is not None
