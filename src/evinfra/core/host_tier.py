@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Protocol
+
+
+class HostListener(Protocol):
+    def on_host(self, block_hash: int, present: bool) -> None: ...
 
 
 class HostTier:
@@ -18,6 +23,7 @@ class HostTier:
         self._lru: OrderedDict[int, None] = OrderedDict()
         self.num_offloaded = 0
         self.num_evicted = 0
+        self.listener: HostListener | None = None
 
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self._lru
@@ -33,10 +39,14 @@ class HostTier:
             self._lru.move_to_end(block_hash)
             return
         while len(self._lru) >= self.capacity_blocks:
-            self._lru.popitem(last=False)
+            gone, _ = self._lru.popitem(last=False)
             self.num_evicted += 1
+            if self.listener is not None:
+                self.listener.on_host(gone, False)
         self._lru[block_hash] = None
         self.num_offloaded += 1
+        if self.listener is not None:
+            self.listener.on_host(block_hash, True)
 
     def touch(self, hashes: Sequence[int]) -> None:
         for h in hashes:
@@ -49,9 +59,17 @@ class HostTier:
         for h in hashes:
             if self._lru.pop(h, 0) is None:
                 n += 1
+                if self.listener is not None:
+                    self.listener.on_host(h, False)
         return n
 
+    def hashes(self) -> list[int]:
+        return list(self._lru)
+
     def clear(self) -> None:
+        if self.listener is not None:
+            for h in self._lru:
+                self.listener.on_host(h, False)
         self._lru.clear()
 
     def count_run(self, hashes: Sequence[int], start: int) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from evinfra.core.eviction import EvictionPolicy, LRUEviction
 from evinfra.core.host_tier import HostTier
@@ -27,6 +28,12 @@ class PrefixMatch:
     @property
     def num_blocks(self) -> int:
         return self.num_device_blocks + self.num_host_blocks
+
+
+class PoolListenerLike(Protocol):
+    def on_device(self, block_hash: int, present: bool) -> None: ...
+
+    def on_host(self, block_hash: int, present: bool) -> None: ...
 
 
 class KVPool:
@@ -53,6 +60,8 @@ class KVPool:
         self._num_in_use = 0
         self.num_evicted_blocks = 0
         self.num_dropped_blocks = 0
+        self.listener: PoolListenerLike | None = None
+        """Told of every hash indexed or forgotten (the cluster-wide block index)."""
 
     # -- queries ---------------------------------------------------------------------
     @property
@@ -157,6 +166,8 @@ class KVPool:
         if h is not None:
             if self._index.get(h) == block_id:
                 del self._index[h]
+                if self.listener is not None:
+                    self.listener.on_device(h, False)
                 if offload:
                     self.host.store(h)
             self._hash[block_id] = None
@@ -175,6 +186,8 @@ class KVPool:
             return False
         self._hash[block_id] = block_hash
         self._index[block_hash] = block_id
+        if self.listener is not None:
+            self.listener.on_device(block_hash, True)
         return True
 
     def store_host(self, block_hash: int) -> None:
@@ -243,6 +256,8 @@ class KVPool:
             block_id = empty
             self._hash[block_id] = h
             self._index[h] = block_id
+            if self.listener is not None:
+                self.listener.on_device(h, True)
             self.eviction.add(block_id, h)
             n += 1
         return n
@@ -259,6 +274,8 @@ class KVPool:
                 break
             self._hash[ids[0]] = h
             self._index[h] = ids[0]
+            if self.listener is not None:
+                self.listener.on_device(h, True)
             self.free(ids)
             n += 1
         return n

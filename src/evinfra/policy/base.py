@@ -56,6 +56,16 @@ class ClusterView(Protocol):
     def nodes(self) -> Sequence[NodeView]: ...
 
 
+def match_all(view: ClusterView, hashes: Sequence[int]) -> dict[int, PrefixMatch]:
+    """Every node's prefix match by node id: from the view's global block index when it
+    has one (`match_prefix_all`, one pass over the prompt), else node by node."""
+    fast = getattr(view, "match_prefix_all", None)
+    if fast is not None:
+        matches: list[PrefixMatch] = fast(hashes)
+        return {n.node_id: matches[i] for i, n in enumerate(view.nodes)}
+    return {n.node_id: n.match_prefix(hashes) for n in view.nodes}
+
+
 class Router(Protocol):
     def route(self, request: Request, view: ClusterView, now_s: float) -> Route:
         """Choose the prefill and decode nodes for `request`. May update the router's

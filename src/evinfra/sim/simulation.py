@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+from evinfra.core.global_index import GlobalBlockIndex
+from evinfra.core.kv_pool import PrefixMatch
 from evinfra.core.sequence import Sequence
 from evinfra.core.types import Request, Role, RoleChange, SwitchMode
 from evinfra.policy.base import (
@@ -46,12 +48,17 @@ class SimSettings:
 
 
 class _View:
-    def __init__(self, nodes: Seq[NodeView]) -> None:
+    def __init__(self, nodes: Seq[NodeView], index: GlobalBlockIndex) -> None:
         self._nodes = nodes
+        self._index = index
 
     @property
     def nodes(self) -> Seq[NodeView]:
         return self._nodes
+
+    def match_prefix_all(self, hashes: Seq[int]) -> list[PrefixMatch]:
+        """Every node's prefix match, in node order, from the global block index."""
+        return self._index.match_all(hashes)
 
 
 @dataclass(slots=True)
@@ -83,7 +90,10 @@ class Simulation:
         self.progress = progress
         self.events = EventQueue()
         self.metrics = Metrics()
-        self.view: ClusterView = _View([n.sched for n in nodes])
+        self.block_index = GlobalBlockIndex(len(nodes))
+        for node in nodes:
+            self.block_index.attach(node.sched.pool, node.node_id)
+        self.view: ClusterView = _View([n.sched for n in nodes], self.block_index)
         self._arrivals: Iterator[SessionArrival] = workload.arrivals()
         self._inflight: dict[int, _Inflight] = {}
         self._next_request_id = 0

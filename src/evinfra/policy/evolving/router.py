@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from evinfra.core.blocks import num_blocks_for
 from evinfra.core.kv_pool import PrefixMatch
 from evinfra.core.types import Request, Role, Route
-from evinfra.policy.base import ClusterView, NodeView
+from evinfra.policy.base import ClusterView, NodeView, match_all
 from evinfra.policy.evolving.rates import NodeRates
 from evinfra.policy.evolving.sessions import SessionTable
 
@@ -68,17 +68,17 @@ class EvolvingRouter:
         nodes = [n for n in view.nodes if n.is_serving]
         if not nodes:
             raise RuntimeError("no node is serving")
-        hashes = request.prompt_hashes
-        matches = {n.node_id: n.match_prefix(hashes) for n in nodes}
+        matches = match_all(view, request.prompt_hashes)
         holder = max(nodes, key=lambda n: (matches[n.node_id].num_device_blocks, -n.node_id))
         holder_blocks = matches[holder.node_id].num_device_blocks
         out_tokens = self._expected_output_tokens(request)
         decoders = [n for n in nodes if n.role is not Role.PREFILL] or nodes
-        remote = self._best_remote_decoder(decoders, request, matches, out_tokens)
+        dcost = {n.node_id: self._decode_cost_s(n, request, out_tokens) for n in decoders}
+        remote = self._best_remote_decoder(decoders, request, matches, dcost)
         best: _Choice | None = None
         for node in nodes:
             choice = self._evaluate(
-                node, request, matches[node.node_id], holder, holder_blocks, remote, out_tokens
+                node, request, matches[node.node_id], holder, holder_blocks, remote, dcost
             )
             if choice is not None and (best is None or choice.cost_s < best.cost_s):
                 best = choice
@@ -101,18 +101,19 @@ class EvolvingRouter:
         decoders: Sequence[NodeView],
         request: Request,
         matches: dict[int, PrefixMatch],
-        out_tokens: float,
+        dcost: dict[int, float],
     ) -> tuple[NodeView, float]:
         """The decode node for a remote prefill, and its cost (decode time plus moving
         the blocks it lacks)."""
         num_blocks = num_blocks_for(request.num_prompt_tokens, decoders[0].block_size)
-
-        def cost(n: NodeView) -> float:
+        best: tuple[float, int, NodeView] | None = None
+        for n in decoders:
             move = self.rates.transfer_s(num_blocks - matches[n.node_id].num_device_blocks)
-            return move + self._decode_cost_s(n, request, out_tokens)
-
-        best = min(decoders, key=lambda n: (cost(n), n.node_id))
-        return best, cost(best)
+            key = (move + dcost[n.node_id], n.node_id, n)
+            if best is None or key[:2] < best[:2]:
+                best = key
+        assert best is not None
+        return best[2], best[0]
 
     def _evaluate(
         self,
@@ -122,7 +123,7 @@ class EvolvingRouter:
         holder: NodeView,
         holder_blocks: int,
         remote: tuple[NodeView, float],
-        out_tokens: float,
+        dcost: dict[int, float],
     ) -> _Choice | None:
         rates, bs = self.rates, node.block_size
         hit = match.num_blocks
@@ -140,7 +141,7 @@ class EvolvingRouter:
         ttft_s = queue_s + pull_s + rates.prefill_s(uncached)
         local: _Choice | None = None
         if node.role is not Role.PREFILL:
-            local_cost = ttft_s + self._decode_cost_s(node, request, out_tokens)
+            local_cost = ttft_s + dcost[node.node_id]
             if node.role is Role.DECODE:
                 # a prefill here stalls the node's running decodes for its duration
                 local_cost += (

@@ -1,0 +1,114 @@
+"""The cluster-wide block index: which nodes hold each block, on device and on host.
+
+Each pool reports what it indexes and forgets through a `PoolListener`; one walk over a
+prompt then gives every node's prefix match at once (a bitmask of nodes per block), where
+asking every pool in turn costs nodes x prefix length. This is the global index of the
+distributed KV manager (ARCHITECTURE.md), kept exact by the pools themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from evinfra.core.kv_pool import KVPool, PrefixMatch
+
+
+class PoolListener(Protocol):
+    def on_device(self, block_hash: int, present: bool) -> None:
+        """The pool's device index gained (True) or lost (False) `block_hash`."""
+
+    def on_host(self, block_hash: int, present: bool) -> None:
+        """The pool's host tier gained or lost `block_hash`."""
+
+
+class _NodeListener:
+    __slots__ = ("_bit", "_device", "_host")
+
+    def __init__(self, bit: int, device: dict[int, int], host: dict[int, int]) -> None:
+        self._bit = bit
+        self._device = device
+        self._host = host
+
+    def on_device(self, block_hash: int, present: bool) -> None:
+        _flip(self._device, block_hash, self._bit, present)
+
+    def on_host(self, block_hash: int, present: bool) -> None:
+        _flip(self._host, block_hash, self._bit, present)
+
+
+def _flip(table: dict[int, int], key: int, bit: int, present: bool) -> None:
+    mask = table.get(key, 0)
+    mask = mask | bit if present else mask & ~bit
+    if mask:
+        table[key] = mask
+    else:
+        table.pop(key, None)
+
+
+class GlobalBlockIndex:
+    def __init__(self, num_nodes: int) -> None:
+        self.num_nodes = num_nodes
+        self._device: dict[int, int] = {}
+        self._host: dict[int, int] = {}
+
+    def listener(self, node_id: int) -> PoolListener:
+        if not 0 <= node_id < self.num_nodes:
+            raise ValueError(f"node {node_id} outside 0..{self.num_nodes - 1}")
+        return _NodeListener(1 << node_id, self._device, self._host)
+
+    def attach(self, pool: KVPool, node_id: int) -> None:
+        """Make `pool` report to this index as node `node_id` (its current content too)."""
+        listener = self.listener(node_id)
+        pool.listener = listener
+        pool.host.listener = listener
+        for h in pool.cached_hashes():
+            listener.on_device(h, True)
+        for h in pool.host.hashes():
+            listener.on_host(h, True)
+
+    def nodes_holding(self, block_hash: int) -> list[int]:
+        mask = self._device.get(block_hash, 0)
+        return [i for i in range(self.num_nodes) if mask >> i & 1]
+
+    def match_all(self, hashes: Sequence[int]) -> list[PrefixMatch]:
+        """Every node's leading run of `hashes` on device, then on host (as
+        `KVPool.match_prefix` would answer), in one pass over the prompt."""
+        n = self.num_nodes
+        device_len = [0] * n
+        alive = (1 << n) - 1
+        device = self._device
+        i = 0
+        for i, h in enumerate(hashes):
+            mask = device.get(h, 0)
+            dropped = alive & ~mask
+            if dropped:
+                for node in _bits(dropped):
+                    device_len[node] = i
+                alive &= mask
+                if not alive:
+                    break
+        else:
+            for node in _bits(alive):
+                device_len[node] = len(hashes)
+        host = self._host
+        out = []
+        for node in range(n):
+            start = device_len[node]
+            bit = 1 << node
+            run = 0
+            for h in hashes[start:]:
+                if not host.get(h, 0) & bit:
+                    break
+                run += 1
+            out.append(PrefixMatch(start, run))
+        return out
+
+
+def _bits(mask: int) -> list[int]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out

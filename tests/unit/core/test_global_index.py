@@ -1,0 +1,70 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evinfra.core.global_index import GlobalBlockIndex
+from evinfra.core.kv_pool import KVPool
+
+
+def test_one_walk_matches_every_pool() -> None:
+    pools = [KVPool(8, 4) for _ in range(3)]
+    index = GlobalBlockIndex(3)
+    for i, p in enumerate(pools):
+        index.attach(p, i)
+    for i, hashes in enumerate(([1, 2, 3], [1, 2], [9])):
+        ids = pools[i].try_allocate(len(hashes))
+        assert ids is not None
+        for b, h in zip(ids, hashes, strict=True):
+            pools[i].commit(b, h)
+    pools[1].store_host(3)
+    got = index.match_all([1, 2, 3, 4])
+    assert [(m.num_device_blocks, m.num_host_blocks) for m in got] == [(3, 0), (2, 1), (0, 0)]
+    assert index.nodes_holding(2) == [0, 1]
+
+
+ops = st.lists(
+    st.tuples(
+        st.integers(0, 2),
+        st.sampled_from(["alloc", "free", "drop", "offload", "prefetch", "clear"]),
+        st.integers(0, 12),
+        st.integers(1, 4),
+    ),
+    max_size=50,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops)
+def test_index_agrees_with_pools_after_any_operations(seq: list[tuple[int, str, int, int]]) -> None:
+    pools = [KVPool(6, 3) for _ in range(3)]
+    index = GlobalBlockIndex(3)
+    for i, p in enumerate(pools):
+        index.attach(p, i)
+    held: list[list[list[int]]] = [[], [], []]
+    for node, op, a, b in seq:
+        pool = pools[node]
+        hashes = list(range(a, a + b))
+        if op == "alloc":
+            m = pool.match_prefix(hashes)
+            n = b - m.num_device_blocks
+            if not pool.can_allocate_after(n, hashes[: m.num_device_blocks]):
+                continue
+            got = pool.acquire_cached(hashes[: m.num_device_blocks])
+            new = pool.try_allocate(n)
+            assert new is not None
+            for blk, h in zip(new, hashes[m.num_device_blocks :], strict=True):
+                pool.commit(blk, h)
+            held[node].append(got + new)
+        elif op == "free" and held[node]:
+            pool.free(held[node].pop())
+        elif op == "drop":
+            pool.drop(hashes)
+        elif op == "offload":
+            pool.offload(hashes)
+        elif op == "prefetch":
+            pool.prefetch(hashes)
+        elif op == "clear" and not held[node]:
+            pool.clear()
+        probe = list(range(0, 16))
+        for start in (0, a):
+            q = probe[start:]
+            assert index.match_all(q) == [p.match_prefix(q) for p in pools]
