@@ -1,0 +1,277 @@
+"""The `ray` runtime: the `local` runtime's frontend and policies, with node actors.
+
+`RayCluster` is a `LocalCluster` whose transport is Ray: each node is a `NodeActor`
+(the same `NodeWorker` loop), the frontend's inboxes are `ActorLink`s, the outbox is a
+long poll on every actor, and KV moves between actors through a `KVTransport` (Ray's
+object store by default). Routing, the planner, the KV manager, metrics and the request
+bookkeeping are the local runtime's code, unchanged, so both runtimes make the same
+decisions for the same requests.
+
+When a node actor dies (its poll raises), the frontend forgets the node's blocks, asks the
+planner to re-plan at once and makes sure the survivors still prefill and decode, then
+takes each request the node was serving: one that streamed nothing is resent; one that
+streamed tokens is resumed on another node with its streamed tokens appended to its
+prompt (greedy output continues exactly); after `max_retries` it fails with a clear error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from evinfra.core.types import RoleChange
+from evinfra.serve.protocol import FinishReason, TokensOut
+from evinfra.serve.ray_runtime.links import FRONTEND, ActorLink
+from evinfra.serve.ray_runtime.node_actor import NodeActor
+from evinfra.serve.ray_runtime.recovery import coverage_changes, forget_node, resume
+from evinfra.serve.ray_runtime.transport import make_transport
+from evinfra.serve.requests import LiveRequest, RequestHandle, StreamEvent
+from evinfra.serve.runtime import ClusterConfig, LocalCluster, _picklable_eviction
+from evinfra.serve.view import NodeState
+from evinfra.serve.worker import WorkerSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RayOptions:
+    address: str | None = None
+    """A Ray cluster to join ("auto", "ray://host:10001", "host:6379"); None: the Ray
+    session this process already has, else a new local one."""
+    num_cpus_per_node: float = 1.0
+    """CPUs a node actor declares (what its executor really uses)."""
+    num_gpus_per_node: float = 0.0
+    """GPUs a node actor holds: one actor per accelerator group (a TP group on one host)."""
+    node_resources: dict[str, float] = field(default_factory=dict)
+    """Custom resources each node actor needs (pin nodes to a host type or rack)."""
+    transport: str = "object-store"
+    local_num_cpus: int = 2
+    """A new local Ray session: CPUs it may use."""
+    object_store_memory_bytes: int = 100 * 1024 * 1024
+    """A new local Ray session: its object store (KV in flight lives there)."""
+    poll_timeout_s: float = 0.5
+    stop_timeout_s: float = 5.0
+
+
+def ensure_ray(options: RayOptions) -> bool:
+    """Connect to Ray if this process is not connected; True when this call started it."""
+    if ray.is_initialized():
+        return False
+    if options.address is not None:
+        ray.init(address=options.address, log_to_driver=False)
+    else:
+        ray.init(
+            num_cpus=options.local_num_cpus,
+            include_dashboard=False,
+            object_store_memory=options.object_store_memory_bytes,
+            log_to_driver=False,
+        )
+    return True
+
+
+class RayCluster(LocalCluster):
+    """`LocalCluster`'s surface (`start`, `stop`, `generate`, `set_role`,
+    `check_integrity`, `metrics`, `nodes`) on Ray actors."""
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        options: RayOptions | None = None,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(config, now)
+        self.options = options or RayOptions()
+        self.transport = make_transport(self.options.transport)
+        self.actors: list[Any] = []
+        self._owns_ray = False
+        self._streamed: dict[RequestHandle, list[int]] = {}
+        self.num_resumed = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Create the node actors, wire them to each other, wait until each is ready."""
+        self._loop = asyncio.get_running_loop()
+        self._owns_ray = ensure_ray(self.options)
+        cfg, opts = self.config, self.options
+        actor_options: dict[str, Any] = {
+            "num_cpus": opts.num_cpus_per_node,
+            "num_gpus": opts.num_gpus_per_node,
+            "max_restarts": 0,
+        }
+        if opts.node_resources:
+            actor_options["resources"] = dict(opts.node_resources)
+        for i, role in enumerate(self.bundle.initial_roles):
+            spec = WorkerSpec(
+                node_id=i,
+                role=role,
+                executor=cfg.executor,
+                num_blocks=cfg.num_blocks,
+                block_size=cfg.block_size,
+                max_num_batched_tokens=cfg.max_num_batched_tokens,
+                max_num_seqs=cfg.max_num_seqs,
+                max_prefill_chunk_tokens=cfg.max_prefill_chunk_tokens,
+                eviction=_picklable_eviction(self.bundle, i),
+                stats_interval_s=cfg.stats_interval_s,
+                check_integrity=cfg.check_integrity,
+            )
+            self.actors.append(NodeActor.options(**actor_options).remote(spec, self.transport))
+        refs = [actor.connect.remote(self.actors) for actor in self.actors]
+        try:
+            replies = await asyncio.to_thread(ray.get, refs, timeout=cfg.ready_timeout_s)
+        except Exception as exc:
+            await self.stop()
+            raise RuntimeError(f"a node actor failed to start: {exc}") from exc
+        for i, (ready, stats, pid) in enumerate(replies):
+            self._ready[i] = ready
+            self._pids.append(pid)
+            self.nodes.append(NodeState(i, stats))
+        self._inboxes = [ActorLink(FRONTEND, actor, self.transport) for actor in self.actors]
+        self._spawn_thread(self._poll_nodes, "evinfra-ray-poll")
+        if self.bundle.planner is not None:
+            self._tasks.append(asyncio.create_task(self._plan_loop()))
+        self._tasks.append(asyncio.create_task(self._kv_tick_loop()))
+        self.started = True
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop every node loop, kill the actors, and leave Ray if this cluster joined it."""
+        self._closing = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        for live in list(self._live.values()):
+            self._fail(live, "server shutting down")
+        live_actors = [a for i, a in enumerate(self.actors) if self._node_alive(i)]
+        refs = [a.stop.remote(self.options.stop_timeout_s) for a in live_actors]
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(ray.get, refs, timeout=timeout_s)
+        self._stopping.set()
+        for thread in self._threads:
+            await asyncio.to_thread(thread.join, self.options.poll_timeout_s + 5.0)
+        for actor in self.actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        self.actors = []
+        self._inboxes = []
+        self.started = False
+        if self._owns_ray:
+            ray.shutdown()
+            self._owns_ray = False
+
+    def _node_alive(self, node_id: int) -> bool:
+        return node_id >= len(self.nodes) or self.nodes[node_id].alive
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return list(self._pids)
+
+    # -- actors -> loop --------------------------------------------------------------------
+    def _poll_nodes(self) -> None:
+        """One long poll in flight per live node; a poll that raises means a dead node."""
+        assert self._loop is not None
+        timeout_s = self.options.poll_timeout_s
+        pending = {actor.poll.remote(timeout_s): i for i, actor in enumerate(self.actors)}
+        while pending and not self._stopping.is_set():
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=timeout_s)
+            for ref in done:
+                node_id = pending.pop(ref)
+                try:
+                    batches = ray.get(ref)
+                except Exception as exc:
+                    if not self._stopping.is_set():
+                        reason = _death_reason(exc)
+                        self._loop.call_soon_threadsafe(self._on_actor_death, node_id, reason)
+                    continue
+                for batch in batches:
+                    self._loop.call_soon_threadsafe(self._dispatch_batch, batch)
+                pending[self.actors[node_id].poll.remote(timeout_s)] = node_id
+
+    # -- requests --------------------------------------------------------------------------
+    def _on_tokens(self, msg: TokensOut) -> None:
+        live = self._live.get(msg.request_id)
+        if live is not None and msg.token_ids:
+            self._streamed.setdefault(live.handle, []).extend(msg.token_ids)
+        super()._on_tokens(msg)
+
+    def _finish(self, live: LiveRequest, node_id: int, now: float) -> None:
+        self._streamed.pop(live.handle, None)
+        super()._finish(live, node_id, now)
+
+    def _fail(self, live: LiveRequest, message: str) -> None:
+        self._streamed.pop(live.handle, None)
+        super()._fail(live, message)
+
+    def _abort_handle(self, handle: RequestHandle) -> None:
+        self._streamed.pop(handle, None)
+        super()._abort_handle(handle)
+
+    # -- failures --------------------------------------------------------------------------
+    def _on_node_death(self, node_id: int) -> None:
+        self._on_actor_death(node_id, "killed")
+
+    def _on_actor_death(self, node_id: int, reason: str) -> None:
+        if self._closing or not self.nodes[node_id].alive:
+            return
+        message = f"node {node_id} died ({reason})"
+        log.warning(message)
+        forget_node(self.nodes[node_id])
+        self.metrics.num_node_failures += 1
+        with contextlib.suppress(Exception):  # a crashed loop leaves the actor up: end it
+            ray.kill(self.actors[node_id], no_restart=True)
+        self._rebalance()
+        for live in list(self._live.values()):
+            route = live.route
+            if route is None or node_id not in (route.prefill_node, route.decode_node):
+                continue
+            if live.num_retries >= self.config.max_retries:
+                self._fail(live, f"{message}; retried {live.num_retries} times already")
+            elif live.num_output_tokens == 0:
+                self._retry(live)
+            else:
+                self._resume(live, node_id)
+
+    def _rebalance(self) -> None:
+        """Re-plan now (the planner sees the dead node), then cover any missing role."""
+        changes: list[RoleChange] = []
+        if self.bundle.planner is not None:
+            changes.extend(self.bundle.planner.plan(self.view, self.now_s()))
+        for change in changes:
+            self.apply_role_change(change)
+        for change in coverage_changes(self.nodes):
+            self.apply_role_change(change)
+
+    def _resume(self, live: LiveRequest, node_id: int) -> None:
+        """Start the request again on a live node after the tokens it already streamed."""
+        streamed = self._streamed.get(live.handle, [])
+        resumed = resume(
+            live.request, live.generation, streamed, self._take_rid(), self.config.block_size
+        )
+        if resumed is None:  # every token is out, only its finish was lost: it is done
+            live.handle.push(StreamEvent((), FinishReason.LENGTH))
+            self._finish(live, node_id, self.now_s())
+            return
+        self._live.pop(live.request.request_id, None)
+        self._clear_incoming(live)
+        self._abort_on_nodes(live)
+        live.request = resumed.request
+        live.generation = resumed.generation
+        live.handle.request_id = resumed.request.request_id
+        live.num_retries += 1
+        self.metrics.num_retried += 1
+        self.num_resumed += 1
+        self._submit(live)
+
+
+def _death_reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else type(exc).__name__
+    return f"{type(exc).__name__}: {first}"[:300]
