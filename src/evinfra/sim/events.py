@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 
 class Phase(enum.IntEnum):
@@ -21,12 +20,9 @@ class Phase(enum.IntEnum):
     SAMPLE = 7
 
 
-@dataclass(order=True, slots=True)
-class _Entry:
-    time_s: float
-    phase: int
-    seq: int
-    action: Callable[[], None] = field(compare=False)
+# (time_s, phase, seq, action): tuples compare in C; seq is unique, so the action is
+# never compared
+_Entry = tuple[float, int, int, Callable[[], None]]
 
 
 class EventQueue:
@@ -40,21 +36,21 @@ class EventQueue:
         if time_s < self.now_s:
             raise ValueError(f"event at {time_s} is before now {self.now_s}")
         self._seq += 1
-        heapq.heappush(self._heap, _Entry(time_s, int(phase), self._seq, action))
+        heapq.heappush(self._heap, (time_s, int(phase), self._seq, action))
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def peek_time_s(self) -> float | None:
-        return self._heap[0].time_s if self._heap else None
+        return self._heap[0][0] if self._heap else None
 
     def run_until(self, end_s: float, stop: Callable[[], bool] | None = None) -> None:
         """Pop, set the clock, handle; until the queue is empty, `end_s` or `stop()`."""
         heap = self._heap
-        while heap and heap[0].time_s <= end_s:
-            entry = heapq.heappop(heap)
-            self.now_s = entry.time_s
-            entry.action()
+        while heap and heap[0][0] <= end_s:
+            time_s, _, _, action = heapq.heappop(heap)
+            self.now_s = time_s
+            action()
             self.num_processed += 1
             if stop is not None and stop():
                 return
