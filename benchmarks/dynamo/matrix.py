@@ -1,0 +1,173 @@
+"""What a side-by-side run runs: the workloads, the deployments, and the argv of
+`evinfra replay`, `evinfra sim` (its config) and `aiperf profile` for each.
+
+Pure: builds commands and configs, starts nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from launch import Deployment, EngineShape
+
+MOONCAKE_TRACE = "traces/mooncake_fast25/conversation_trace.jsonl"
+REPLAY_VOCAB_SIZE = 512
+"""evinfra's timed executor draws below 512; both servers get the same token ids."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadRun:
+    """One workload: closed-loop sessions (`kind` a generator) or an open-loop trace."""
+
+    name: str
+    kind: str | None = None
+    trace: Path | None = None
+    concurrency: int | None = None
+    shape: EngineShape = field(default_factory=EngineShape)
+    max_requests: int = 400
+
+    def replay_flags(self) -> list[str]:
+        if self.trace is not None:
+            return ["--trace", str(self.trace)]
+        assert self.kind is not None
+        return ["--workload", self.kind, "--concurrency", str(self.concurrency)]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    duration_s: float = 20.0
+    drain_s: float = 20.0
+    seed: int = 0
+
+
+def default_workloads(shared_dir: Path, quick: bool = False) -> list[WorkloadRun]:
+    """Coding and mixed sessions (closed loop, KV under pressure: 4,096 blocks of 16 per
+    node) and the Mooncake conversation trace (open loop at its timestamps; 16,384 blocks,
+    since its prompts reach 120k tokens)."""
+    agent = EngineShape(num_blocks=4096)
+    runs = [
+        WorkloadRun("coding", kind="coding", concurrency=8, shape=agent),
+        WorkloadRun("mixed", kind="mixed", concurrency=8, shape=agent),
+        WorkloadRun(
+            "mooncake", trace=shared_dir / MOONCAKE_TRACE, shape=EngineShape(num_blocks=16384)
+        ),
+    ]
+    if quick:
+        return [replace(runs[0], concurrency=4, max_requests=40)]
+    return runs
+
+
+def default_deployments() -> list[Deployment]:
+    return [Deployment("evinfra"), Deployment("dynamo-agg"), Deployment("dynamo-disagg")]
+
+
+def replay_argv(
+    evinfra_bin: str, url: str, model: str, run: WorkloadRun, limits: Limits, label: str,
+    out: Path, hints: bool = True,
+) -> list[str]:  # fmt: skip
+    return [
+        evinfra_bin, "replay", "--url", url, "--model", model,
+        *run.replay_flags(),
+        "--vocab-size", str(REPLAY_VOCAB_SIZE), "--seed", str(limits.seed),
+        "--max-requests", str(run.max_requests), "--max-duration-s", str(limits.duration_s),
+        "--drain-s", str(limits.drain_s), "--label", label, "--out", str(out),
+        *([] if hints else ["--no-hints"]),
+    ]  # fmt: skip
+
+
+SIM_SYSTEMS: dict[str, tuple[str, dict[str, Any]]] = {
+    # the serve runtime's workers have no host tier: the simulated evolving gets none either
+    "evinfra": ("evolving", {"host_tier": False}),
+    # Dynamo's frontend over aggregated mocker workers: KV router, every node mixed, LRU
+    "dynamo-agg": ("aggregated", {}),
+    # 1 prefill + 1 decode mocker, no planner process runs
+    "dynamo-disagg": ("dynamo", {"num_prefill_nodes": 1, "planner": "none"}),
+}
+
+
+def sim_config(
+    dep: Deployment, run: WorkloadRun, limits: Limits, num_device_blocks_per_node: int,
+    sim_system: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """`evinfra sim` config matching the measured run: the `tiny` catalog model on one H200
+    per node, then the KV pool scaled to the mocker's block count (the catalog's pool for
+    tiny is far larger), the mocker's polynomial with its speed-up ratio and KV capacity,
+    the same batch limits, workload, seed, duration and drain."""
+    system, options = SIM_SYSTEMS[dep.kind]
+    if sim_system is not None:
+        system, options = sim_system, {}
+    shape = run.shape
+    cfg: dict[str, Any] = {
+        "system": system,
+        "system_options": options,
+        "model": "tiny",
+        "gpu": "h200",
+        "num_gpus": dep.num_nodes,
+        "gpus_per_node": 1,
+        "block_size": shape.block_size,
+        "kv_capacity_scale": (shape.num_blocks + 0.5) / num_device_blocks_per_node,
+        "max_num_batched_tokens": shape.max_num_batched_tokens,
+        "max_num_seqs": shape.max_num_seqs,
+        "cost_model": "dynamo-polynomial",
+        "cost_options": {
+            "speedup_ratio": shape.speedup_ratio,
+            "kv_capacity_tokens": shape.kv_capacity_tokens,
+        },
+        "duration_s": limits.duration_s,
+        "warmup_s": 0.0,
+        "drain_s": limits.drain_s,
+        "seed": limits.seed,
+        "hints": dep.sends_hints,
+    }
+    if run.trace is not None:
+        cfg["trace"] = str(run.trace)
+        cfg["workload"] = None
+    else:
+        cfg["workload"] = run.kind
+        cfg["concurrency"] = run.concurrency
+    return cfg
+
+
+def write_sim_config(path: Path, cfg: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cfg, indent=2))  # JSON is YAML
+
+
+# -- aiperf cross-check -------------------------------------------------------------------
+def write_crosscheck_trace(
+    path: Path, *, num_requests: int = 40, interval_ms: int = 250, num_prefix_blocks: int = 2,
+    num_own_blocks: int = 2, output_tokens: int = 64, block_tokens: int = 512,
+) -> None:  # fmt: skip
+    """A small Mooncake-format trace both clients read: every request shares a
+    `num_prefix_blocks` prefix and has its own blocks; one every `interval_ms`."""
+    rows = []
+    next_id = num_prefix_blocks
+    for i in range(num_requests):
+        own = list(range(next_id, next_id + num_own_blocks))
+        next_id += num_own_blocks
+        hash_ids = [*range(num_prefix_blocks), *own]
+        rows.append({
+            "timestamp": i * interval_ms,
+            "input_length": len(hash_ids) * block_tokens,
+            "output_length": output_tokens,
+            "hash_ids": hash_ids,
+        })  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def aiperf_argv(
+    aiperf_bin: str, url: str, model: str, trace: Path, tokenizer_dir: Path, out: Path
+) -> list[str]:
+    return [
+        aiperf_bin, "profile", "--model", model, "--url", url,
+        "--endpoint-type", "completions", "--streaming",
+        "--tokenizer", str(tokenizer_dir),
+        "--input-file", str(trace), "--custom-dataset-type", "mooncake_trace",
+        "--fixed-schedule", "--extra-inputs", "ignore_eos:true",
+        "--random-seed", "0", "--ui-type", "none", "--no-server-metrics",
+        "--no-gpu-telemetry", "--output-artifact-dir", str(out),
+    ]  # fmt: skip

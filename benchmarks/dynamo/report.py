@@ -1,0 +1,205 @@
+"""Turn a side-by-side run's outputs into results.json and report.md: per workload and
+system the measured mean end-to-end latency, P50/P95 TTFT and ITL, the ratios of each
+Dynamo deployment to evinfra, and the simulator's prediction next to each measured value.
+
+ITL is recomputed from `requests.jsonl`: Dynamo's frontend sends `finish_reason` in a
+chunk of its own after the last token, which `evinfra replay` counts as a chunk; a
+request's gaps beyond its `num_output_tokens - 1` are such trailing chunks and dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+METRICS = ("mean_e2e_s", "p50_ttft_s", "p95_ttft_s", "mean_itl_s", "p50_itl_s", "p95_itl_s")
+SIM_METRICS = ("mean_e2e_s", "p50_ttft_s", "p95_ttft_s", "mean_tpot_s")
+SIM_TOLERANCE = 0.15
+
+
+def token_gaps(rows: Iterable[Mapping[str, Any]]) -> list[float]:
+    """Inter-token gaps of the successful requests, trailing non-token chunks dropped."""
+    gaps: list[float] = []
+    for row in rows:
+        if row.get("error") or row.get("e2e_s") is None:
+            continue
+        itl = list(row.get("itl_s") or [])
+        num_tokens = int(row.get("num_output_tokens") or 0)
+        if num_tokens > 0:
+            itl = itl[: max(num_tokens - 1, 0)]
+        gaps.extend(float(g) for g in itl)
+    return gaps
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def measured_metrics(run_dir: Path) -> dict[str, Any]:
+    """The replay's summary.json with ITL recomputed from requests.jsonl."""
+    summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
+    rows = read_jsonl(run_dir / "requests.jsonl")
+    gaps = np.array(token_gaps(rows), dtype=float)
+    summary["replay_mean_itl_s"] = summary.get("mean_itl_s")
+    if len(gaps):
+        summary["mean_itl_s"] = float(gaps.mean())
+        for name, q in (("p50", 50), ("p95", 95), ("p99", 99)):
+            summary[f"{name}_itl_s"] = float(np.percentile(gaps, q))
+    return summary
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float:
+    if numerator is None or denominator is None or not denominator or math.isnan(denominator):
+        return math.nan
+    return float(numerator) / float(denominator)
+
+
+def relative_error(predicted: float | None, measured: float | None) -> float:
+    r = ratio(predicted, measured)
+    return r - 1.0 if not math.isnan(r) else math.nan
+
+
+def build_results(
+    measured: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    simulated: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    baseline: str = "evinfra-evolving",
+) -> dict[str, Any]:
+    """measured/simulated: workload -> deployment label -> summary. Returns per workload
+    the rows, Dynamo-to-evinfra ratios and the simulator's relative errors."""
+    out: dict[str, Any] = {}
+    for workload, by_system in measured.items():
+        base = by_system.get(baseline, {})
+        ratios = {
+            label: {m: ratio(s.get(m), base.get(m)) for m in METRICS}
+            for label, s in by_system.items()
+            if label != baseline
+        }
+        sims = simulated.get(workload, {})
+        sim_errors = {
+            label: {
+                m: relative_error(sims.get(label, {}).get(m), by_system[label].get(m))
+                for m in SIM_METRICS
+            }
+            for label in by_system
+            if label in sims
+        }
+        out[workload] = {
+            "measured": {k: _pick(v, (*METRICS, "num_requests", "num_errors", "kv_hit_rate",
+                                      "mean_tpot_s", "num_unfinished"))
+                         for k, v in by_system.items()},
+            "simulated": {k: _pick(v, (*SIM_METRICS, "num_requests", "kv_hit_rate",
+                                       "num_unfinished"))
+                          for k, v in sims.items()},
+            "ratio_to_evinfra": ratios,
+            "sim_relative_error": sim_errors,
+        }  # fmt: skip
+    return out
+
+
+def _pick(summary: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    return {k: summary.get(k) for k in keys}
+
+
+def _fmt(value: Any, scale: float = 1.0, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{float(value) * scale:.{digits}f}"
+
+
+def _pct(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    flag = "" if abs(value) <= SIM_TOLERANCE else " ✗"
+    return f"{value * 100:+.0f}%{flag}"
+
+
+def markdown(results: Mapping[str, Any], header: str) -> str:
+    lines = [header, ""]
+    for workload, res in results.items():
+        lines += [f"## {workload}", ""]
+        lines.append("| system | requests | mean e2e (s) | P50 TTFT (s) | P95 TTFT (s) "
+                     "| mean ITL (ms) | P50 ITL (ms) | P95 ITL (ms) | KV hit |")  # fmt: skip
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        for label, m in res["measured"].items():
+            lines.append(
+                f"| {label} | {m.get('num_requests')} ({m.get('num_errors')} err) "
+                f"| {_fmt(m['mean_e2e_s'])} | {_fmt(m['p50_ttft_s'])} | {_fmt(m['p95_ttft_s'])} "
+                f"| {_fmt(m['mean_itl_s'], 1e3, 2)} | {_fmt(m['p50_itl_s'], 1e3, 2)} "
+                f"| {_fmt(m['p95_itl_s'], 1e3, 2)} | {_fmt(m.get('kv_hit_rate'), 1, 2)} |"
+            )
+        lines += ["", "Ratio of each Dynamo deployment to evinfra (above 1: evinfra faster):", ""]
+        lines.append("| system | mean e2e | P50 TTFT | P95 TTFT | mean ITL | P50 ITL | P95 ITL |")
+        lines.append("|---|---|---|---|---|---|---|")
+        for label, r in res["ratio_to_evinfra"].items():
+            cells = " | ".join(_fmt(r[m], 1, 2) + ("x" if not math.isnan(r[m]) else "")
+                               for m in METRICS)  # fmt: skip
+            lines.append(f"| {label} | {cells} |")
+        lines += ["", "Simulator (`evinfra sim`) prediction next to the measured value "
+                  "(relative error; ✗ beyond 15%):", ""]  # fmt: skip
+        lines.append("| system | mean e2e meas / sim | P50 TTFT meas / sim "
+                     "| P95 TTFT meas / sim | mean TPOT (ms) meas / sim |")  # fmt: skip
+        lines.append("|---|---|---|---|---|")
+        for label, err in res["sim_relative_error"].items():
+            meas, sim = res["measured"][label], res["simulated"][label]
+            cells = []
+            for m in SIM_METRICS:
+                scale, digits = (1e3, 2) if m == "mean_tpot_s" else (1.0, 3)
+                pair = f"{_fmt(meas.get(m), scale, digits)} / {_fmt(sim.get(m), scale, digits)}"
+                cells.append(f"{pair} ({_pct(err[m])})")
+            lines.append(f"| {label} | {' | '.join(cells)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# -- aiperf -------------------------------------------------------------------------------
+AIPERF_KEYS = {
+    "mean_e2e_s": ("request_latency", "avg"),
+    "p50_ttft_s": ("time_to_first_token", "p50"),
+    "p95_ttft_s": ("time_to_first_token", "p95"),
+    "mean_itl_s": ("inter_token_latency", "avg"),
+    "p50_itl_s": ("inter_token_latency", "p50"),
+    "p95_itl_s": ("inter_token_latency", "p95"),
+}
+
+
+def aiperf_metrics(artifact_dir: Path) -> dict[str, Any]:
+    """aiperf's profile_export_aiperf.json (milliseconds) in seconds with our names."""
+    found = sorted(artifact_dir.rglob("profile_export_aiperf.json"))
+    if not found:
+        return {"error": f"no profile_export_aiperf.json under {artifact_dir}"}
+    data = json.loads(found[0].read_text())
+    records = data.get("records", data)
+    out: dict[str, Any] = {}
+    for key, (metric, stat) in AIPERF_KEYS.items():
+        entry = records.get(metric) if isinstance(records, dict) else None
+        value = entry.get(stat) if isinstance(entry, dict) else None
+        unit = entry.get("unit", "ms") if isinstance(entry, dict) else "ms"
+        scale = 1e-3 if unit == "ms" else (1e-9 if unit == "ns" else 1.0)
+        out[key] = None if value is None else float(value) * scale
+    count = records.get("request_count") if isinstance(records, dict) else None
+    out["num_requests"] = count.get("avg") if isinstance(count, dict) else count
+    return out
+
+
+def crosscheck_markdown(rows: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    """rows: server label -> client ("evinfra replay" | "aiperf") -> metrics."""
+    lines = ["| server | client | requests | mean e2e (s) | P50 TTFT (s) | P95 TTFT (s) "
+             "| mean ITL (ms) | P95 ITL (ms) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for server, by_client in rows.items():
+        for client, m in by_client.items():
+            if "error" in m:
+                lines.append(f"| {server} | {client} | {m['error']} | | | | | |")
+                continue
+            lines.append(
+                f"| {server} | {client} | {m.get('num_requests')} | {_fmt(m.get('mean_e2e_s'))} "
+                f"| {_fmt(m.get('p50_ttft_s'))} | {_fmt(m.get('p95_ttft_s'))} "
+                f"| {_fmt(m.get('mean_itl_s'), 1e3, 2)} | {_fmt(m.get('p95_itl_s'), 1e3, 2)} |"
+            )
+    return "\n".join(lines)

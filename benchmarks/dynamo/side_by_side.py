@@ -1,0 +1,242 @@
+"""One run of evinfra and NVIDIA Dynamo side by side on the same workloads, one after the
+other, then the simulator's predictions and an aiperf cross-check. Meant to run inside a
+private network namespace (`run_side_by_side.sh` does `unshare -n`): every server binds
+127.0.0.1 there, and some Dynamo sockets bind 0.0.0.0, which stays private.
+
+    python side_by_side.py --out runs/dynamo-side-by-side [--quick] [--duration-s 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from launch import Deployment, RunningServer, start_server, stop_server  # noqa: E402
+from matrix import (  # noqa: E402
+    Limits,
+    WorkloadRun,
+    aiperf_argv,
+    default_deployments,
+    default_workloads,
+    replay_argv,
+    sim_config,
+    write_crosscheck_trace,
+    write_sim_config,
+)
+from report import (  # noqa: E402
+    aiperf_metrics,
+    build_results,
+    crosscheck_markdown,
+    markdown,
+    measured_metrics,
+)
+
+REPO = HERE.parent.parent
+BASE_PORT = 18000
+
+
+def log(msg: str) -> None:
+    print(f"[side-by-side {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run_bounded(argv: list[str], timeout_s: float, log_path: Path) -> int:
+    """Run a client to completion, killed (by its PID) past `timeout_s`."""
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            return -9
+
+
+def num_tiny_device_blocks(block_size: int) -> int:
+    from evinfra.sim.config import SimConfig
+    from evinfra.sim.runner import build_node_spec
+
+    cfg = SimConfig(model="tiny", gpu="h200", num_gpus=1, gpus_per_node=1, block_size=block_size)
+    return build_node_spec(cfg).num_device_blocks
+
+
+class SideBySide:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = Path(args.out).resolve()
+        self.limits = Limits(args.duration_s, args.drain_s, args.seed)
+        bin_dir = Path(sys.executable).parent
+        self.evinfra = str(bin_dir / "evinfra")
+        self.dynamo_python = str(Path(args.dynamo_venv) / "bin" / "python")
+        self.aiperf = str(Path(args.dynamo_venv) / "bin" / "aiperf")
+        self.model_dir = Path(args.model_dir).resolve()
+        self.port = BASE_PORT
+        self.measured: dict[str, dict[str, dict[str, Any]]] = {}
+        self.simulated: dict[str, dict[str, dict[str, Any]]] = {}
+        self.commands: list[str] = []
+        self.failures: list[str] = []
+
+    def _start(self, dep: Deployment, run: WorkloadRun, tag: str) -> RunningServer:
+        self.port += 1
+        log_dir = self.out / "logs" / f"{tag}-{dep.label}"
+        return start_server(
+            dep, run.shape, port=self.port, log_dir=log_dir, dynamo_python=self.dynamo_python,
+            evinfra_bin=self.evinfra, model_dir=self.model_dir,
+        )  # fmt: skip
+
+    def measure(self, run: WorkloadRun, dep: Deployment) -> None:
+        log(f"{run.name}: starting {dep.label}")
+        server = self._start(dep, run, run.name)
+        try:
+            out = self.out / "measured" / run.name / dep.label
+            argv = replay_argv(self.evinfra, server.url, server.model, run, self.limits,
+                               dep.label, out, hints=dep.sends_hints)  # fmt: skip
+            self.commands.append(" ".join(argv))
+            log(f"{run.name}: replaying against {dep.label}")
+            budget = self.limits.duration_s + self.limits.drain_s + 60
+            rc = run_bounded(argv, budget, self.out / "logs" / f"replay-{run.name}-{dep.label}.log")
+            if rc != 0 or not (out / "summary.json").is_file():
+                raise RuntimeError(f"replay of {run.name} on {dep.label} failed (rc {rc})")
+            self.measured.setdefault(run.name, {})[dep.label] = measured_metrics(out)
+        finally:
+            stop_server(server)
+            log(f"{run.name}: stopped {dep.label}")
+
+    def simulate(self, run: WorkloadRun, dep: Deployment) -> None:
+        cfg = sim_config(dep, run, self.limits, num_tiny_device_blocks(run.shape.block_size))
+        cfg_path = self.out / "sim" / run.name / f"{dep.label}.yaml"
+        write_sim_config(cfg_path, cfg)
+        out = self.out / "sim" / run.name / dep.label
+        argv = [self.evinfra, "sim", "--config", str(cfg_path), "--quiet", "--out", str(out)]
+        self.commands.append(" ".join(argv))
+        rc = run_bounded(argv, 300, self.out / "logs" / f"sim-{run.name}-{dep.label}.log")
+        if rc == 0:
+            summary = json.loads((out / "summary.json").read_text())
+            self.simulated.setdefault(run.name, {})[dep.label] = summary
+
+    def crosscheck(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """The same small trace through `evinfra replay` and `aiperf` against evinfra and
+        aggregated Dynamo."""
+        trace = self.out / "crosscheck" / "trace.jsonl"
+        write_crosscheck_trace(trace)
+        run = WorkloadRun("crosscheck", trace=trace, max_requests=100)
+        limits = Limits(duration_s=30.0, drain_s=20.0, seed=self.limits.seed)
+        rows: dict[str, dict[str, dict[str, Any]]] = {}
+        for dep in (Deployment("evinfra"), Deployment("dynamo-agg")):
+            by_client: dict[str, dict[str, Any]] = {}
+            for client in ("evinfra replay", "aiperf"):
+                server = self._start(dep, run, f"crosscheck-{client.split()[-1]}")
+                try:
+                    by_client[client] = self._crosscheck_one(client, server, run, limits, trace)
+                finally:
+                    stop_server(server)
+            rows[dep.label] = by_client
+        return rows
+
+    def _crosscheck_one(self, client: str, server: RunningServer, run: WorkloadRun,
+                        limits: Limits, trace: Path) -> dict[str, Any]:  # fmt: skip
+        label = server.deployment.label
+        if client == "aiperf":
+            out = self.out / "crosscheck" / "aiperf" / label
+            argv = aiperf_argv(self.aiperf, server.url, server.model, trace, self.model_dir, out)
+            self.commands.append(" ".join(argv))
+            log(f"crosscheck: aiperf against {label}")
+            env_log = self.out / "logs" / f"aiperf-{label}.log"
+            rc = run_bounded(argv, 180, env_log)
+            metrics = aiperf_metrics(out)
+            if rc != 0 and "error" not in metrics:
+                metrics["note"] = f"aiperf exited {rc}"
+            if rc != 0 and "error" in metrics:
+                tail = env_log.read_text(errors="replace").strip().splitlines()[-3:]
+                metrics["error"] = f"aiperf exited {rc}: {' / '.join(tail)[:300]}"
+            return metrics
+        out = self.out / "crosscheck" / "replay" / label
+        argv = replay_argv(
+            self.evinfra,
+            server.url,
+            server.model,
+            run,
+            limits,
+            label,
+            out,
+            hints=server.deployment.sends_hints,
+        )
+        self.commands.append(" ".join(argv))
+        log(f"crosscheck: evinfra replay against {label}")
+        rc = run_bounded(argv, 120, self.out / "logs" / f"crosscheck-replay-{label}.log")
+        if rc != 0:
+            return {"error": f"replay exited {rc}"}
+        return measured_metrics(out)
+
+    def main(self) -> int:
+        self.out.mkdir(parents=True, exist_ok=True)
+        runs = default_workloads(Path(self.args.shared_dir), quick=self.args.quick)
+        if self.args.workloads:
+            runs = [r for r in runs if r.name in self.args.workloads.split(",")]
+        deps = default_deployments()
+        started = time.monotonic()
+        for run in runs:
+            for dep in deps:
+                try:
+                    self.measure(run, dep)
+                except (RuntimeError, TimeoutError) as exc:
+                    self.failures.append(f"{run.name} on {dep.label}: {exc}")
+                    log(f"FAILED: {self.failures[-1]}")
+        for run in runs:
+            for dep in deps:
+                if dep.label in self.measured.get(run.name, {}):
+                    self.simulate(run, dep)
+        results = build_results(self.measured, self.simulated)
+        crosscheck = {} if self.args.no_aiperf else self.crosscheck()
+        wall_s = time.monotonic() - started
+        payload = {
+            "results": results, "crosscheck": crosscheck, "wall_s": wall_s,
+            "limits": asdict(self.limits), "failures": self.failures,
+            "workloads": {r.name: {"shape": asdict(r.shape), "concurrency": r.concurrency,
+                                   "trace": str(r.trace) if r.trace else None} for r in runs},
+            "commands": self.commands,
+        }  # fmt: skip
+        (self.out / "results.json").write_text(json.dumps(payload, indent=2, default=float))
+        header = (
+            "# evinfra and NVIDIA Dynamo 1.6.1 side by side\n\n"
+            f"One run, {wall_s:.0f} s wall, 2 nodes each; "
+            f"{self.limits.duration_s:.0f} s of load per run, {self.limits.drain_s:.0f} s drain."
+        )
+        text = markdown(results, header)
+        if self.failures:
+            text += "\n## Failures\n\n" + "".join(f"- {f}\n" for f in self.failures)
+        if crosscheck:
+            text += "\n## aiperf cross-check\n\n" + crosscheck_markdown(crosscheck) + "\n"
+        (self.out / "report.md").write_text(text)
+        print(text)
+        log(f"wrote {self.out}/report.md and results.json ({wall_s:.0f} s)")
+        return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(REPO / "runs" / "dynamo-side-by-side"))
+    p.add_argument("--duration-s", type=float, default=20.0, help="load per run")
+    p.add_argument("--drain-s", type=float, default=20.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="coding only, small (the test)")
+    p.add_argument("--workloads", help="comma-separated subset: coding,mixed,mooncake")
+    p.add_argument("--no-aiperf", action="store_true")
+    p.add_argument("--dynamo-venv", default=str(HERE / ".venv"))
+    p.add_argument("--model-dir", default=str(HERE / "model"))
+    p.add_argument("--shared-dir", default=str(REPO.parent / "shared"))
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(SideBySide(parse_args()).main())
