@@ -164,3 +164,81 @@ def test_kv_through_the_object_store_gives_the_aggregated_output() -> None:
     # every block of each prompt (the last one partial), 16 tokens of 16 bytes a block
     assert moved == sum(-(-len(ids) // 16) * 16 * 16 for ids, _ in cases)
     assert none_moved == 0
+
+
+# -- failures ------------------------------------------------------------------------------
+FAIL_CASES = [(prompt(21, 70), 200), (prompt(22, 45), 200)]
+
+
+async def stream_into(handle: RequestHandle, tokens: list[int]) -> str | None:
+    error = None
+    async with asyncio.timeout(TIMEOUT_S):
+        async for event in handle.stream():
+            tokens.extend(event.token_ids)
+            error = event.error or error
+    return error
+
+
+async def wait_streaming(streams: Sequence[list[int]], min_tokens: int) -> None:
+    async with asyncio.timeout(TIMEOUT_S):
+        while min(len(s) for s in streams) < min_tokens:
+            await asyncio.sleep(0.005)
+
+
+async def kill_mid_stream(
+    cluster: RayCluster, victim: int
+) -> tuple[list[list[int]], list[str | None], list[list[int]]]:
+    """References first (no failure), then the same requests again with `victim` killed
+    once both have streamed a few tokens. Returns references, errors, outputs."""
+    await cluster.start()
+    try:
+        refs = [(await collect(cluster.generate(ids, n)))[0] for ids, n in FAIL_CASES]
+        await settle(cluster)
+        streams: list[list[int]] = [[] for _ in FAIL_CASES]
+        tasks = [
+            asyncio.create_task(stream_into(cluster.generate(ids, n), out))
+            for (ids, n), out in zip(FAIL_CASES, streams, strict=True)
+        ]
+        await wait_streaming(streams, 5)
+        assert max(len(s) for s in streams) < 150, "too late: the requests nearly finished"
+        ray.kill(cluster.actors[victim])
+        errors = list(await asyncio.gather(*tasks))  # bounded: each stream times out
+        # the survivor serves alone, roles covered, its pool and scheduler intact
+        assert [n.alive for n in cluster.nodes] == [victim != 0, victim != 1]
+        survivor = cluster.nodes[1 - victim]
+        assert survivor.role is Role.MIXED
+        assert not cluster.nodes[victim].stats.cached_hashes
+        after, error = await collect(cluster.generate(FAIL_CASES[0][0], 20))
+        assert error is None and after == refs[0][:20]
+        await settle(cluster)
+        reports = await cluster.check_integrity()
+        assert [r.node_id for r in reports] == [1 - victim]
+        assert all(r.ok and r.is_idle for r in reports), reports
+        assert cluster.metrics.num_node_failures == 1 and cluster.num_live_requests == 0
+        return refs, errors, streams
+    finally:
+        await cluster.stop()
+
+
+def test_killed_decode_node_requests_resume_on_the_survivor_with_the_same_output() -> None:
+    cluster = RayCluster(config("dynamo", DISAGG), NODE_OPTIONS)
+    refs, errors, outputs = asyncio.run(kill_mid_stream(cluster, victim=1))
+    assert errors == [None, None]
+    assert outputs == refs
+    assert cluster.num_resumed == 2
+
+
+def test_killed_prefill_node_leaves_decoding_requests_alone() -> None:
+    cluster = RayCluster(config("dynamo", DISAGG), NODE_OPTIONS)
+    refs, errors, outputs = asyncio.run(kill_mid_stream(cluster, victim=0))
+    assert errors == [None, None] and outputs == refs
+    assert cluster.num_resumed == 0 and cluster.metrics.num_retried == 0
+
+
+def test_without_retries_requests_of_a_killed_node_fail_with_a_clear_error() -> None:
+    cluster = RayCluster(config("dynamo", DISAGG, max_retries=0), NODE_OPTIONS)
+    refs, errors, outputs = asyncio.run(kill_mid_stream(cluster, victim=1))
+    for error, out, ref in zip(errors, outputs, refs, strict=True):
+        assert error is not None and error.startswith("node 1 died (ActorDiedError")
+        assert 5 <= len(out) < len(ref) and out == ref[: len(out)]
+    assert cluster.metrics.num_failed == 2 and cluster.num_resumed == 0

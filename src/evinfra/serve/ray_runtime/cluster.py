@@ -9,7 +9,8 @@ decisions for the same requests.
 
 When a node actor dies (its poll raises), the frontend forgets the node's blocks, asks the
 planner to re-plan at once and makes sure the survivors still prefill and decode, then
-takes each request the node was serving: one that streamed nothing is resent; one that
+takes each request that still needs the node (a disaggregated request needs its prefill
+node only until its KV has reached the decode node): one that streamed nothing is resent; one that
 streamed tokens is resumed on another node with its streamed tokens appended to its
 prompt (greedy output continues exactly); after `max_retries` it fails with a clear error.
 """
@@ -30,7 +31,7 @@ from evinfra.core.types import RoleChange
 from evinfra.serve.protocol import FinishReason, TokensOut
 from evinfra.serve.ray_runtime.links import FRONTEND, ActorLink
 from evinfra.serve.ray_runtime.node_actor import NodeActor
-from evinfra.serve.ray_runtime.recovery import coverage_changes, forget_node, resume
+from evinfra.serve.ray_runtime.recovery import coverage_changes, depends_on, forget_node, resume
 from evinfra.serve.ray_runtime.transport import make_transport
 from evinfra.serve.requests import LiveRequest, RequestHandle, StreamEvent
 from evinfra.serve.runtime import ClusterConfig, LocalCluster, _picklable_eviction
@@ -229,11 +230,11 @@ class RayCluster(LocalCluster):
             ray.kill(self.actors[node_id], no_restart=True)
         self._rebalance()
         for live in list(self._live.values()):
-            route = live.route
-            if route is None or node_id not in (route.prefill_node, route.decode_node):
+            if not depends_on(live, node_id):
                 continue
             if live.num_retries >= self.config.max_retries:
-                self._fail(live, f"{message}; retried {live.num_retries} times already")
+                retried = f" (resent {live.num_retries} times already)" if live.num_retries else ""
+                self._fail(live, message + retried)
             elif live.num_output_tokens == 0:
                 self._retry(live)
             else:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from evinfra.core.blocks import hash_token_blocks
 from evinfra.core.types import Request, Role, RoleChange, SwitchMode
 from evinfra.serve.protocol import Generation
+from evinfra.serve.requests import LiveRequest
 from evinfra.serve.view import NodeState
 
 PREFILL_ROLES = (Role.PREFILL, Role.MIXED)
@@ -57,6 +58,18 @@ def coverage_changes(nodes: Sequence[NodeState]) -> list[RoleChange]:
         node = min(prefills, key=lambda n: (n.num_waiting_prefill_tokens, n.node_id))
         return [RoleChange(node.node_id, Role.DECODE, SwitchMode.IN_PLACE)]
     return []
+
+
+def depends_on(live: LiveRequest, node_id: int) -> bool:
+    """Whether the request is lost if `node_id` dies: it decodes there, or it prefills
+    there and its KV has not reached its decode node yet (the decode node streams the
+    first token only once the KV has arrived)."""
+    route = live.route
+    if route is None:
+        return False
+    if node_id == route.decode_node:
+        return True
+    return node_id == route.prefill_node and live.num_output_tokens == 0
 
 
 @dataclass(frozen=True, slots=True)
