@@ -242,3 +242,34 @@ def test_without_retries_requests_of_a_killed_node_fail_with_a_clear_error() -> 
         assert error is not None and error.startswith("node 1 died (ActorDiedError")
         assert 5 <= len(out) < len(ref) and out == ref[: len(out)]
     assert cluster.metrics.num_failed == 2 and cluster.num_resumed == 0
+
+
+# -- the HTTP frontend -----------------------------------------------------------------------
+def test_openai_frontend_serves_from_ray_node_actors() -> None:
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from evinfra.serve.cli import free_port
+    from evinfra.serve.ray_runtime.server import build_ray_frontend
+    from evinfra.serve.server import ServerThread, ServeSettings
+
+    settings = ServeSettings(
+        TIMED, num_nodes=2, system="dynamo", system_options=dict(DISAGG),
+        port=free_port(), num_blocks=128, check_integrity=True,
+    )  # fmt: skip
+    frontend = build_ray_frontend(settings, NODE_OPTIONS)
+    assert isinstance(frontend.cluster, RayCluster)
+    with ServerThread(frontend, settings) as server:
+        body = {"model": "tiny", "prompt": prompt(31, 40), "max_tokens": 9, "ignore_eos": True}
+        reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=30.0)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] == 9
+        health = httpx.get(f"{server.url}/health", timeout=10.0).json()
+        assert health["status"] == "ready"
+        assert [n["role"] for n in health["nodes"]] == ["prefill", "decode"]
+        nodes = httpx.get(f"{server.url}/admin/nodes", timeout=10.0).json()["nodes"]
+        assert len({n["pid"] for n in nodes}) == 2
+        integrity = httpx.get(f"{server.url}/admin/integrity", timeout=10.0).json()
+        assert integrity["ok"], integrity
+        metrics = httpx.get(f"{server.url}/metrics", timeout=10.0).text
+        moved = [ln for ln in metrics.splitlines() if ln.startswith("evinfra_kv_transfer_bytes")]
+        assert moved and float(moved[0].split()[1]) == 3 * 16 * 16

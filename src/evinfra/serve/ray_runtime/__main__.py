@@ -1,0 +1,3 @@
+from evinfra.serve.ray_runtime.server import main
+
+raise SystemExit(main())
