@@ -71,3 +71,14 @@ def test_kv_pressure_preempts_and_still_finishes_everything() -> None:
     metrics = sim.run()
     assert all(r.finish_s is not None for r in metrics.records.values())
     assert sum(n.sched.num_preemptions for n in sim.nodes) > 0
+
+
+def test_a_call_no_node_can_hold_is_rejected_not_stuck() -> None:
+    # 40 blocks of 16 tokens per node; this call needs 256 + 1000 + 20 tokens = 80 blocks
+    huge = make_session("huge", 2, 1000, 20, think_s=0.5)
+    small = make_session("small", 2, 50, 10, think_s=0.5)
+    sim = make_sim([SessionArrival(0.0, huge), SessionArrival(0.0, small)], num_blocks=40)
+    metrics = sim.run()
+    assert metrics.num_rejected == 2
+    assert all(r.finish_s is not None for r in metrics.records.values())
+    assert {r.session_id for r in metrics.records.values()} == {"small"}

@@ -69,6 +69,8 @@ class Metrics:
     switch_cost_s: float = 0.0
     migrated_seqs: int = 0
     num_prefix_pulls: int = 0
+    num_rejected: int = 0
+    """Calls no node could ever hold (prompt plus output beyond a node's KV)."""
     planner_predictions: list[tuple[float, float, float]] = field(default_factory=list)
     """(time, predicted, observed) uncached prefill tokens/s, when a planner reports them."""
 
@@ -128,6 +130,7 @@ def summarize(
         "role_switches": metrics.role_switches,
         "migrated_seqs": metrics.migrated_seqs,
         "prefix_pulls": metrics.num_prefix_pulls,
+        "num_rejected": metrics.num_rejected,
         "warmup_s": warmup_s,
         "window_s": span_s,
     }

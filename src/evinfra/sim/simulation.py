@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+from evinfra.core.blocks import num_blocks_for
 from evinfra.core.global_index import GlobalBlockIndex
 from evinfra.core.kv_pool import PrefixMatch
 from evinfra.core.sequence import Sequence
@@ -101,6 +102,7 @@ class Simulation:
         self._active_by_kind: dict[str, int] = {}
         self._num_active_sessions = 0
         self._last_seen = [0] * len(nodes)
+        self._max_node_blocks = max(n.sched.num_device_blocks for n in nodes)
         self._last_cached = [0] * len(nodes)
 
     # -- running ------------------------------------------------------------------------
@@ -201,6 +203,11 @@ class Simulation:
         self._next_request_id += 1
         req = self.make_request(rid, run.plan, index)
         now = self.now_s
+        if self._too_large(req):
+            # no node could ever hold it: a server answers 400; the session goes on
+            self.metrics.num_rejected += 1
+            self._after_call(run, index)
+            return
         self.metrics.records[rid] = RequestRecord(
             rid, run.plan.session_id, run.kind, now, req.num_prompt_tokens, req.max_output_tokens
         )
@@ -219,6 +226,11 @@ class Simulation:
             self._pull_prefix(src, route.prefill_node, rid, not route.is_disaggregated)
             return
         self._enqueue(route.prefill_node, rid, not route.is_disaggregated)
+
+    def _too_large(self, req: Request) -> bool:
+        bs = self.nodes[0].sched.block_size
+        need = num_blocks_for(req.num_prompt_tokens + req.max_output_tokens, bs)
+        return need > self._max_node_blocks
 
     def _enqueue(self, node_id: int, rid: int, decode_here: bool) -> None:
         node = self.nodes[node_id]
