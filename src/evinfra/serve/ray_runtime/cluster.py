@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,6 +67,10 @@ def ensure_ray(options: RayOptions) -> bool:
     """Connect to Ray if this process is not connected; True when this call started it."""
     if ray.is_initialized():
         return False
+    # ray.init replaces SIGTERM's handler with one that exits at once; the server's own
+    # (uvicorn: a graceful shutdown that stops the nodes) must stay
+    in_main = threading.current_thread() is threading.main_thread()
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     if options.address is not None:
         ray.init(address=options.address, log_to_driver=False)
     else:
@@ -74,6 +80,9 @@ def ensure_ray(options: RayOptions) -> bool:
             object_store_memory=options.object_store_memory_bytes,
             log_to_driver=False,
         )
+    if in_main:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
     return True
 
 
