@@ -97,7 +97,12 @@ def transport_rows(repeats: int) -> list[dict[str, Any]]:
                 {
                     "transport": transport.name,
                     "num_bytes": size,
-                    "fetch_mb_s": size / statistics.median(fetch_s) / 1e6,
+                    # inline: the bytes came with the call, there is nothing to fetch
+                    "fetch_mb_s": (
+                        size / statistics.median(fetch_s) / 1e6
+                        if transport.name != "inline"
+                        else None
+                    ),
                     "hop_mb_s": size / statistics.median(hop_s) / 1e6,
                     "hop_ms": 1000 * statistics.median(hop_s),
                 }
