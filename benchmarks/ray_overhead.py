@@ -25,7 +25,6 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -79,8 +78,8 @@ class Receiver:
 def transport_rows(repeats: int) -> list[dict[str, Any]]:
     rows = []
     for transport in (ObjectStoreKVTransport(), InlineKVTransport()):
-        sender = ray.remote(num_cpus=0.25)(Sender).remote(transport)
-        receiver = ray.remote(num_cpus=0.25)(Receiver).remote(transport)
+        sender: Any = ray.remote(num_cpus=0.25)(Sender).remote(transport)
+        receiver: Any = ray.remote(num_cpus=0.25)(Receiver).remote(transport)
         for size in SIZES:
             fetch_s, hop_s = [], []
             for rep in range(repeats + 1):
@@ -152,18 +151,16 @@ def workload_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         kind="timed", model="tiny", cost_options=NEAR_ZERO_COST,
         kv_bytes_per_token=args.kv_bytes_per_token,
     )  # fmt: skip
-    rows = []
+    rows: list[dict[str, Any]] = []
     for label, (system, options) in SYSTEMS.items():
         cfg = ClusterConfig(spec, num_nodes=2, system=system, system_options=dict(options))
-        makers: dict[str, Callable[[], LocalCluster]] = {
-            "local": lambda cfg=cfg: LocalCluster(cfg),
-            "ray": lambda cfg=cfg: RayCluster(cfg, RayOptions(num_cpus_per_node=0.5)),
+        clusters: dict[str, LocalCluster] = {
+            "local": LocalCluster(cfg),
+            "ray": RayCluster(cfg, RayOptions(num_cpus_per_node=0.5)),
         }
-        results = {}
-        for runtime, make in makers.items():
+        for runtime, cluster in clusters.items():
             n = args.num_requests + args.warmup
-            out = asyncio.run(run_workload(make(), n, args.prompt_tokens, args.max_tokens))
-            results[runtime] = out
+            out = asyncio.run(run_workload(cluster, n, args.prompt_tokens, args.max_tokens))
             rows.append(
                 {
                     "workload": label,

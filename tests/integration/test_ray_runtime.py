@@ -21,7 +21,7 @@ ray = pytest.importorskip("ray")
 
 from evinfra.core.types import Request, Role, Route  # noqa: E402
 from evinfra.policy.base import ClusterView, Router  # noqa: E402
-from evinfra.serve.executors import ExecutorSpec  # noqa: E402
+from evinfra.serve.executors import ExecutorSpec, node_cost_model  # noqa: E402
 from evinfra.serve.ray_runtime.cluster import RayCluster, RayOptions  # noqa: E402
 from evinfra.serve.requests import RequestHandle  # noqa: E402
 from evinfra.serve.runtime import ClusterConfig, LocalCluster  # noqa: E402
@@ -62,7 +62,8 @@ def prompt(seed: int, length: int) -> list[int]:
 def config(system: str, options: dict[str, object], **kwargs: object) -> ClusterConfig:
     return ClusterConfig(
         TIMED, num_nodes=2, system=system, system_options=dict(options), num_blocks=128,
-        check_integrity=True, **kwargs,  # type: ignore[arg-type]
+        check_integrity=True, cost_model=node_cost_model(TIMED, 16),
+        kv_bytes_per_token=TIMED.kv_bytes_per_token, **kwargs,  # type: ignore[arg-type]
     )  # fmt: skip
 
 
@@ -220,8 +221,13 @@ async def kill_mid_stream(
         await cluster.stop()
 
 
-def test_killed_decode_node_requests_resume_on_the_survivor_with_the_same_output() -> None:
-    cluster = RayCluster(config("dynamo", DISAGG), NODE_OPTIONS)
+@pytest.mark.parametrize(
+    ("system", "options"), [("dynamo", DISAGG), ("evolving", {"planner_interval_s": 0.5})]
+)
+def test_killed_decode_node_requests_resume_on_the_survivor_with_the_same_output(
+    system: str, options: dict[str, object]
+) -> None:
+    cluster = RayCluster(config(system, options), NODE_OPTIONS)
     refs, errors, outputs = asyncio.run(kill_mid_stream(cluster, victim=1))
     assert errors == [None, None]
     assert outputs == refs
