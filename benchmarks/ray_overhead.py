@@ -32,7 +32,8 @@ import ray
 
 from evinfra.serve.executors import ExecutorSpec
 from evinfra.serve.protocol import KVPayload
-from evinfra.serve.ray_runtime.cluster import RayCluster, RayOptions
+from evinfra.serve.ray_runtime.cluster import RayCluster
+from evinfra.serve.ray_runtime.options import RayOptions
 from evinfra.serve.ray_runtime.transport import (
     InlineKVTransport,
     KVDescriptor,

@@ -246,3 +246,23 @@ def test_resume_appends_the_streamed_tokens_and_keeps_the_budget() -> None:
     assert resumed.request.num_prompt_tokens == 6 and resumed.request.max_output_tokens == 7
     assert resumed.request.prompt_hashes == tuple(hash_token_blocks([5, 6, 7, 8, 9, 10], BLOCK))
     assert resume(r.request, r.generation, list(range(10)), 43, block_size=BLOCK) is None
+
+
+def test_ray_flags_become_options() -> None:
+    import argparse
+
+    from evinfra.serve.ray_runtime.options import RayOptions, add_ray_flags, ray_options
+
+    p = argparse.ArgumentParser()
+    add_ray_flags(p)
+    flags = "--address auto --num-gpus-per-node 8 --node-resource rack-0=1 --kv-transport inline"
+    args = p.parse_args([*flags.split(), "--object-store-mb", "64"])
+    opts = ray_options(args)
+    assert opts == RayOptions(
+        address="auto", num_gpus_per_node=8.0, node_resources={"rack-0": 1.0},
+        transport="inline", object_store_memory_bytes=64 * 1024 * 1024,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="NAME=AMOUNT"):
+        ray_options(p.parse_args(["--node-resource", "rack-0"]))
+    with pytest.raises(ValueError, match="transport"):
+        RayOptions(transport="nixl")

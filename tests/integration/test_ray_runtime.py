@@ -22,7 +22,8 @@ ray = pytest.importorskip("ray")
 from evinfra.core.types import Request, Role, Route  # noqa: E402
 from evinfra.policy.base import ClusterView, Router  # noqa: E402
 from evinfra.serve.executors import ExecutorSpec, node_cost_model  # noqa: E402
-from evinfra.serve.ray_runtime.cluster import RayCluster, RayOptions  # noqa: E402
+from evinfra.serve.ray_runtime.cluster import RayCluster  # noqa: E402
+from evinfra.serve.ray_runtime.options import RayOptions  # noqa: E402
 from evinfra.serve.requests import RequestHandle  # noqa: E402
 from evinfra.serve.runtime import ClusterConfig, LocalCluster  # noqa: E402
 

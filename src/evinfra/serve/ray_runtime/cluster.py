@@ -24,7 +24,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -33,6 +32,7 @@ from evinfra.core.types import RoleChange
 from evinfra.serve.protocol import FinishReason, TokensOut
 from evinfra.serve.ray_runtime.links import FRONTEND, ActorLink
 from evinfra.serve.ray_runtime.node_actor import NodeActor
+from evinfra.serve.ray_runtime.options import RayOptions
 from evinfra.serve.ray_runtime.recovery import coverage_changes, depends_on, forget_node, resume
 from evinfra.serve.ray_runtime.transport import make_transport
 from evinfra.serve.requests import LiveRequest, RequestHandle, StreamEvent
@@ -41,26 +41,6 @@ from evinfra.serve.view import NodeState
 from evinfra.serve.worker import WorkerSpec
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class RayOptions:
-    address: str | None = None
-    """A Ray cluster to join ("auto", "ray://host:10001", "host:6379"); None: the Ray
-    session this process already has, else a new local one."""
-    num_cpus_per_node: float = 1.0
-    """CPUs a node actor declares (what its executor really uses)."""
-    num_gpus_per_node: float = 0.0
-    """GPUs a node actor holds: one actor per accelerator group (a TP group on one host)."""
-    node_resources: dict[str, float] = field(default_factory=dict)
-    """Custom resources each node actor needs (pin nodes to a host type or rack)."""
-    transport: str = "object-store"
-    local_num_cpus: int = 2
-    """A new local Ray session: CPUs it may use."""
-    object_store_memory_bytes: int = 100 * 1024 * 1024
-    """A new local Ray session: its object store (KV in flight lives there)."""
-    poll_timeout_s: float = 0.5
-    stop_timeout_s: float = 5.0
 
 
 def ensure_ray(options: RayOptions) -> bool:

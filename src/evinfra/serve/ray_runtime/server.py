@@ -3,7 +3,7 @@
     python -m evinfra.serve.ray_runtime serve --address auto --num-gpus-per-node 8 ...
 
 takes every `evinfra serve` flag plus the Ray ones below. (`evinfra serve --runtime ray`
-is the same command once the main CLI forwards to `add_ray_flags` / `ray_options`.)
+is the same command once the main CLI adds `options.add_ray_flags` and `--runtime`.)
 """
 
 from __future__ import annotations
@@ -13,45 +13,15 @@ import sys
 from collections.abc import Sequence
 
 from evinfra.serve.frontend import Frontend
-from evinfra.serve.ray_runtime.cluster import RayCluster, RayOptions
-from evinfra.serve.ray_runtime.transport import TRANSPORTS
+from evinfra.serve.ray_runtime.cluster import RayCluster
+from evinfra.serve.ray_runtime.options import RayOptions, add_ray_flags, ray_options
 from evinfra.serve.server import ServeSettings, build_frontend
-
-MIB = 1024 * 1024
 
 
 def build_ray_frontend(settings: ServeSettings, options: RayOptions) -> Frontend:
     """The frontend `build_frontend` makes, over node actors instead of processes."""
     local = build_frontend(settings)  # the cluster config and model the local runtime uses
     return Frontend(RayCluster(local.cluster.config, options), local.model)
-
-
-def add_ray_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--address", help="join this Ray cluster (auto, HOST:PORT, ray://...)")
-    p.add_argument("--num-cpus-per-node", type=float, default=1.0)
-    p.add_argument("--num-gpus-per-node", type=float, default=0.0)
-    p.add_argument("--node-resource", action="append", metavar="NAME=AMOUNT", default=[])
-    p.add_argument("--kv-transport", choices=TRANSPORTS, default="object-store")
-    p.add_argument("--ray-num-cpus", type=int, default=2, help="a new local Ray: its CPUs")
-    p.add_argument("--object-store-mb", type=int, default=100, help="a new local Ray")
-
-
-def ray_options(args: argparse.Namespace) -> RayOptions:
-    resources = {}
-    for item in args.node_resource:
-        name, sep, amount = item.partition("=")
-        if not sep:
-            raise ValueError(f"--node-resource wants NAME=AMOUNT, got {item!r}")
-        resources[name] = float(amount)
-    return RayOptions(
-        address=args.address,
-        num_cpus_per_node=args.num_cpus_per_node,
-        num_gpus_per_node=args.num_gpus_per_node,
-        node_resources=resources,
-        transport=args.kv_transport,
-        local_num_cpus=args.ray_num_cpus,
-        object_store_memory_bytes=args.object_store_mb * MIB,
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
