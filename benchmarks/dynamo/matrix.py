@@ -49,8 +49,8 @@ def default_workloads(shared_dir: Path, quick: bool = False) -> list[WorkloadRun
     since its prompts reach 120k tokens)."""
     agent = EngineShape(num_blocks=4096)
     runs = [
-        WorkloadRun("coding", kind="coding", concurrency=8, shape=agent),
-        WorkloadRun("mixed", kind="mixed", concurrency=8, shape=agent),
+        WorkloadRun("coding", kind="coding", concurrency=12, shape=agent),
+        WorkloadRun("mixed", kind="mixed", concurrency=12, shape=agent),
         WorkloadRun(
             "mooncake", trace=shared_dir / MOONCAKE_TRACE, shape=EngineShape(num_blocks=16384)
         ),
@@ -83,8 +83,12 @@ SIM_SYSTEMS: dict[str, tuple[str, dict[str, Any]]] = {
     "evinfra": ("evolving", {"host_tier": False}),
     # Dynamo's frontend over aggregated mocker workers: KV router, every node mixed, LRU
     "dynamo-agg": ("aggregated", {}),
-    # 1 prefill + 1 decode mocker, no planner process runs
-    "dynamo-disagg": ("dynamo", {"num_prefill_nodes": 1, "planner": "none"}),
+    # 1 prefill + 1 decode mocker, no planner process runs; conditional disaggregation is
+    # off by default in 1.6.1 (`--router-conditional-disagg`, experimental)
+    "dynamo-disagg": (
+        "dynamo",
+        {"num_prefill_nodes": 1, "planner": "none", "conditional_disagg": False},
+    ),
 }
 
 
@@ -159,13 +163,38 @@ def write_crosscheck_trace(
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+AIPERF_TOKENIZER_REPO = "local/evinfra-mock"
+_SNAPSHOT = "0" * 40
+
+
+def make_hf_cache(hf_home: Path, model_dir: Path, repo: str = AIPERF_TOKENIZER_REPO) -> None:
+    """Lay the local model dir out as a Hugging Face cache entry `repo` under `hf_home`.
+
+    aiperf 0.13 decodes prompts in worker processes that force `HF_HUB_OFFLINE=1`, and in
+    offline mode it resolves the tokenizer name through the hub cache
+    (`snapshot_download(..., local_files_only=True)`), which rejects a directory path.
+    A cache entry resolves offline; nothing is downloaded."""
+    entry = hf_home / "hub" / f"models--{repo.replace('/', '--')}"
+    snapshot = entry / "snapshots" / _SNAPSHOT
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (entry / "refs").mkdir(exist_ok=True)
+    (entry / "refs" / "main").write_text(_SNAPSHOT)
+    for f in model_dir.iterdir():
+        if f.is_file():
+            (snapshot / f.name).write_bytes(f.read_bytes())
+
+
+def aiperf_env(hf_home: Path) -> dict[str, str]:
+    return {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
 def aiperf_argv(
-    aiperf_bin: str, url: str, model: str, trace: Path, tokenizer_dir: Path, out: Path
+    aiperf_bin: str, url: str, model: str, trace: Path, tokenizer: str, out: Path
 ) -> list[str]:
     return [
         aiperf_bin, "profile", "--model", model, "--url", url,
-        "--endpoint-type", "completions", "--streaming",
-        "--tokenizer", str(tokenizer_dir),
+        "--endpoint-type", "completions", "--streaming", "--use-server-token-count",
+        "--tokenizer", tokenizer,
         "--input-file", str(trace), "--custom-dataset-type", "mooncake_trace",
         "--fixed-schedule", "--extra-inputs", "ignore_eos:true",
         "--random-seed", "0", "--ui-type", "none", "--no-server-metrics",

@@ -23,11 +23,14 @@ sys.path.insert(0, str(HERE))
 
 from launch import Deployment, RunningServer, start_server, stop_server  # noqa: E402
 from matrix import (  # noqa: E402
+    AIPERF_TOKENIZER_REPO,
     Limits,
     WorkloadRun,
     aiperf_argv,
+    aiperf_env,
     default_deployments,
     default_workloads,
+    make_hf_cache,
     replay_argv,
     sim_config,
     write_crosscheck_trace,
@@ -49,11 +52,14 @@ def log(msg: str) -> None:
     print(f"[side-by-side {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def run_bounded(argv: list[str], timeout_s: float, log_path: Path) -> int:
-    """Run a client to completion, killed (by its PID) past `timeout_s`."""
+def run_bounded(
+    argv: list[str], timeout_s: float, log_path: Path, env: dict[str, str] | None = None
+) -> int:
+    """Run a client to completion, killed (by its PID's group) past `timeout_s`."""
     with log_path.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env=None if env is None else {**os.environ, **env})  # fmt: skip
         try:
             return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -83,6 +89,7 @@ class SideBySide:
         self.port = BASE_PORT
         self.measured: dict[str, dict[str, dict[str, Any]]] = {}
         self.simulated: dict[str, dict[str, dict[str, Any]]] = {}
+        self.simulated_stock: dict[str, dict[str, dict[str, Any]]] = {}
         self.commands: list[str] = []
         self.failures: list[str] = []
 
@@ -113,16 +120,25 @@ class SideBySide:
             log(f"{run.name}: stopped {dep.label}")
 
     def simulate(self, run: WorkloadRun, dep: Deployment) -> None:
+        """The stock `evinfra sim` and the replay-matched variant (sim_matched.py) on the
+        config that matches the measured run."""
         cfg = sim_config(dep, run, self.limits, num_tiny_device_blocks(run.shape.block_size))
         cfg_path = self.out / "sim" / run.name / f"{dep.label}.yaml"
         write_sim_config(cfg_path, cfg)
-        out = self.out / "sim" / run.name / dep.label
-        argv = [self.evinfra, "sim", "--config", str(cfg_path), "--quiet", "--out", str(out)]
-        self.commands.append(" ".join(argv))
-        rc = run_bounded(argv, 300, self.out / "logs" / f"sim-{run.name}-{dep.label}.log")
-        if rc == 0:
-            summary = json.loads((out / "summary.json").read_text())
-            self.simulated.setdefault(run.name, {})[dep.label] = summary
+        variants = {
+            "stock": [self.evinfra, "sim", "--config", str(cfg_path), "--quiet", "--out"],
+            "matched": [sys.executable, str(HERE / "sim_matched.py"), "--config", str(cfg_path),
+                        "--out"],
+        }  # fmt: skip
+        for variant, argv in variants.items():
+            out = self.out / "sim" / run.name / f"{dep.label}-{variant}"
+            argv = [*argv, str(out)]
+            self.commands.append(" ".join(argv))
+            log_path = self.out / "logs" / f"sim-{variant}-{run.name}-{dep.label}.log"
+            if run_bounded(argv, 300, log_path) == 0:
+                summary = json.loads((out / "summary.json").read_text())
+                target = self.simulated if variant == "matched" else self.simulated_stock
+                target.setdefault(run.name, {})[dep.label] = summary
 
     def crosscheck(self) -> dict[str, dict[str, dict[str, Any]]]:
         """The same small trace through `evinfra replay` and `aiperf` against evinfra and
@@ -148,11 +164,15 @@ class SideBySide:
         label = server.deployment.label
         if client == "aiperf":
             out = self.out / "crosscheck" / "aiperf" / label
-            argv = aiperf_argv(self.aiperf, server.url, server.model, trace, self.model_dir, out)
-            self.commands.append(" ".join(argv))
+            hf_home = self.out / "crosscheck" / "hf_home"
+            make_hf_cache(hf_home, self.model_dir)
+            argv = aiperf_argv(self.aiperf, server.url, server.model, trace,
+                               AIPERF_TOKENIZER_REPO, out)  # fmt: skip
+            env = aiperf_env(hf_home)
+            self.commands.append(" ".join([*(f"{k}={v}" for k, v in env.items()), *argv]))
             log(f"crosscheck: aiperf against {label}")
             env_log = self.out / "logs" / f"aiperf-{label}.log"
-            rc = run_bounded(argv, 180, env_log)
+            rc = run_bounded(argv, 180, env_log, env)
             metrics = aiperf_metrics(out)
             if rc != 0 and "error" not in metrics:
                 metrics["note"] = f"aiperf exited {rc}"
@@ -196,7 +216,7 @@ class SideBySide:
             for dep in deps:
                 if dep.label in self.measured.get(run.name, {}):
                     self.simulate(run, dep)
-        results = build_results(self.measured, self.simulated)
+        results = build_results(self.measured, self.simulated, self.simulated_stock)
         crosscheck = {} if self.args.no_aiperf else self.crosscheck()
         wall_s = time.monotonic() - started
         payload = {

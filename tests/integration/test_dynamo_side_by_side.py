@@ -1,0 +1,145 @@
+"""evinfra side by side with NVIDIA Dynamo 1.6.1 (benchmarks/dynamo/).
+
+The fast tests check the report's arithmetic and the commands the run builds. The slow
+test runs the whole thing, small (`--quick`: coding only, a few seconds of load per
+system), inside a private network namespace; it needs root, `unshare`, and the Dynamo venv
+from `benchmarks/dynamo/setup.sh`, and is skipped with the reason when any is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmarks" / "dynamo"
+DYNAMO_PYTHON = BENCH / ".venv" / "bin" / "python"
+sys.path.insert(0, str(BENCH))
+
+from launch import Deployment, EngineShape, dynamo_commands, evinfra_command  # noqa: E402
+from matrix import (  # noqa: E402
+    Limits,
+    WorkloadRun,
+    replay_argv,
+    sim_config,
+    write_crosscheck_trace,
+)
+from report import build_results, ratio, token_gaps  # noqa: E402
+
+
+def test_token_gaps_drop_the_trailing_finish_chunk() -> None:
+    rows = [
+        # Dynamo: 3 tokens, then a chunk carrying only finish_reason -> 3 gaps, keep 2
+        {"e2e_s": 1.0, "num_output_tokens": 3, "itl_s": [0.01, 0.02, 0.0001]},
+        # evinfra: finish_reason on the last token's chunk -> 2 gaps, keep 2
+        {"e2e_s": 1.0, "num_output_tokens": 3, "itl_s": [0.03, 0.04]},
+        {"e2e_s": None, "error": "HTTP 500", "num_output_tokens": 0, "itl_s": [0.5]},
+    ]
+    assert token_gaps(rows) == [0.01, 0.02, 0.03, 0.04]
+
+
+def test_build_results_ratios_and_sim_errors() -> None:
+    base = {"mean_e2e_s": 2.0, "p50_ttft_s": 0.1, "p95_ttft_s": 0.5, "mean_itl_s": 0.01,
+            "p50_itl_s": 0.01, "p95_itl_s": 0.02, "mean_tpot_s": 0.01}  # fmt: skip
+    dyn = {**base, "mean_e2e_s": 5.0, "p95_ttft_s": 2.0}
+    measured = {"coding": {"evinfra-evolving": base, "dynamo-agg": dyn}}
+    simulated = {"coding": {"dynamo-agg": {**dyn, "mean_e2e_s": 6.0}}}
+    res = build_results(measured, simulated)["coding"]
+    assert res["ratio_to_evinfra"]["dynamo-agg"]["mean_e2e_s"] == pytest.approx(2.5)
+    assert res["ratio_to_evinfra"]["dynamo-agg"]["p95_ttft_s"] == pytest.approx(4.0)
+    assert res["sim_relative_error"]["dynamo-agg"]["mean_e2e_s"] == pytest.approx(0.2)
+    assert "evinfra-evolving" not in res["sim_relative_error"]  # no simulation given
+    assert math.isnan(ratio(1.0, None))
+
+
+def test_both_systems_get_the_same_engine() -> None:
+    shape = EngineShape(block_size=16, num_blocks=4096, max_num_seqs=64,
+                        max_num_batched_tokens=2048, speedup_ratio=2.0)  # fmt: skip
+    ev = evinfra_command(Deployment("evinfra"), shape, "evinfra", 9000)
+    (_, frontend), (_, mocker) = dynamo_commands(
+        Deployment("dynamo-agg"), shape, "python", Path("/m"), 9001
+    )
+
+    def flag(argv: list[str], name: str) -> str:
+        return argv[argv.index(name) + 1]
+
+    assert flag(ev, "--block-size") == flag(mocker, "--block-size") == "16"
+    assert flag(ev, "--num-blocks") == flag(mocker, "--num-gpu-blocks-override") == "4096"
+    assert flag(ev, "--max-num-seqs") == flag(mocker, "--max-num-seqs") == "64"
+    assert flag(ev, "--max-num-batched-tokens") == flag(mocker, "--max-num-batched-tokens")
+    assert "speedup_ratio=2.0" in ev and flag(mocker, "--speedup-ratio") == "2.0"
+    assert f"kv_capacity_tokens={16 * 4096}" in ev
+    assert flag(frontend, "--router-mode") == "kv" and flag(frontend, "--http-host") == "127.0.0.1"
+    assert flag(mocker, "--discovery-backend") == "file"
+    assert flag(mocker, "--request-plane") == "tcp"
+    assert flag(mocker, "--num-workers") == "2"
+    disagg = dynamo_commands(Deployment("dynamo-disagg"), shape, "python", Path("/m"), 9002)
+    modes = [flag(argv, "--disaggregation-mode") for _, argv in disagg[1:]]
+    assert modes == ["prefill", "decode"]
+
+
+def test_replay_is_bounded_and_sim_matches_the_run(tmp_path: Path) -> None:
+    run = WorkloadRun("coding", kind="coding", concurrency=4, shape=EngineShape(num_blocks=1000))
+    limits = Limits(duration_s=12.0, drain_s=5.0, seed=3)
+    argv = replay_argv("evinfra", "http://127.0.0.1:1", "m", run, limits, "x", tmp_path,
+                       hints=False)  # fmt: skip
+    assert argv[argv.index("--max-duration-s") + 1] == "12.0"
+    assert argv[argv.index("--max-requests") + 1] == str(run.max_requests)
+    assert "--no-hints" in argv
+    cfg = sim_config(Deployment("dynamo-agg"), run, limits, num_device_blocks_per_node=100_000)
+    assert cfg["system"] == "aggregated" and cfg["hints"] is False
+    assert int(100_000 * cfg["kv_capacity_scale"]) == 1000  # the simulator's pool size
+    assert cfg["cost_options"]["kv_capacity_tokens"] == 16_000
+    assert (cfg["duration_s"], cfg["warmup_s"], cfg["seed"]) == (12.0, 0.0, 3)
+    trace = tmp_path / "t.jsonl"
+    write_crosscheck_trace(trace, num_requests=3, num_prefix_blocks=1, num_own_blocks=1)
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [r["hash_ids"] for r in rows] == [[0, 1], [0, 2], [0, 3]]
+
+
+def _skip_reason() -> str | None:
+    if not DYNAMO_PYTHON.is_file():
+        return f"ai-dynamo is not installed ({DYNAMO_PYTHON} missing: run {BENCH}/setup.sh)"
+    probe = subprocess.run([str(DYNAMO_PYTHON), "-c", "import dynamo.mocker, dynamo.frontend"],
+                           capture_output=True, timeout=120)  # fmt: skip
+    if probe.returncode != 0:
+        return "ai-dynamo is not importable in benchmarks/dynamo/.venv"
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None:
+        return "needs root, unshare and ip for a private network namespace"
+    if importlib.util.find_spec("evinfra") is None:
+        return "evinfra is not importable"
+    return None
+
+
+@pytest.mark.slow
+def test_side_by_side_quick_run(tmp_path: Path) -> None:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [str(BENCH / "run_side_by_side.sh"), "--quick", "--duration-s", "8", "--drain-s", "10",
+         "--no-aiperf", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "EVINFRA_PYTHON": sys.executable},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    coding = results["results"]["coding"]
+    for label in ("evinfra-evolving", "dynamo-agg", "dynamo-disagg"):
+        m = coding["measured"][label]
+        assert m["num_requests"] > 0 and m["num_errors"] == 0, (label, m)
+        assert m["mean_e2e_s"] > 0 and m["p95_ttft_s"] >= m["p50_ttft_s"] > 0
+        assert coding["simulated"][label]["num_requests"] > 0
+    assert coding["ratio_to_evinfra"]["dynamo-agg"]["mean_e2e_s"] > 0
+    assert "## coding" in (out / "report.md").read_text()
+    # every server process the run started is gone (their logs name them)
+    assert not results["failures"]
