@@ -77,7 +77,7 @@ def finished(now_s: float, prompt: int, cached_tokens: int, out: int) -> Request
 
 
 def test_planner_moves_nodes_to_decode_when_work_turns_decode_heavy() -> None:
-    p = planner()
+    p = planner(mixed_below_utilisation=0.0)
     nodes = [FakeNode(i, Role.PREFILL if i < 3 else Role.DECODE) for i in range(4)]
     view = cluster(*nodes)
     for t in range(30):
@@ -90,7 +90,7 @@ def test_planner_moves_nodes_to_decode_when_work_turns_decode_heavy() -> None:
 
 
 def test_planner_respects_dwell_time_and_scores_its_predictions() -> None:
-    p = planner(min_dwell_s=60.0)
+    p = planner(min_dwell_s=60.0, mixed_below_utilisation=0.0)
     view = cluster(*[FakeNode(i, Role.DECODE) for i in range(4)])
     for t in range(30):
         p.observe(finished(float(t), prompt=50_000, cached_tokens=0, out=10))
@@ -106,3 +106,21 @@ def test_planner_respects_dwell_time_and_scores_its_predictions() -> None:
     back = p.plan(view2, 65.0)
     assert not moved & {c.node_id for c in back}
     assert len(p.prediction_log) >= 3
+
+
+def test_light_load_makes_every_node_mixed_and_heavy_load_splits_again() -> None:
+    p = planner()
+    nodes = [FakeNode(i, Role.PREFILL if i < 2 else Role.DECODE) for i in range(4)]
+    for t in range(30):
+        p.observe(finished(float(t), prompt=1000, cached_tokens=900, out=300))
+    p.plan(cluster(*nodes), 30.0)
+    changes = p.plan(cluster(*nodes), 35.0)
+    assert sorted(c.node_id for c in changes) == [0, 1, 2, 3]
+    assert all(c.new_role is Role.MIXED for c in changes)
+    mixed = [FakeNode(i, Role.MIXED) for i in range(4)]
+    for t in range(40, 70):
+        p.observe(finished(float(t), prompt=60_000, cached_tokens=0, out=6000))
+    p.plan(cluster(*mixed), 70.0)
+    split = p.plan(cluster(*mixed), 75.0)
+    roles = sorted(c.new_role.value for c in split)
+    assert len(split) == 4 and "prefill" in roles and "decode" in roles

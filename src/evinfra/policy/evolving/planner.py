@@ -40,6 +40,8 @@ class PlannerConfig:
     confirm_ticks: int = 2
     max_switches_per_tick: int = 4
     use_forecast: bool = True
+    mixed_below_utilisation: float = 0.5
+    """Below this share of the cluster's capacity in use, every node is mixed."""
     switch_mode: SwitchMode = SwitchMode.IN_PLACE
 
 
@@ -52,7 +54,8 @@ class EvolvingPlanner:
     _finished: deque[tuple[float, int, int]] = field(default_factory=deque)
     """(time, uncached prompt tokens, output tokens) of recent finishes."""
     _last_switch_s: dict[int, float] = field(default_factory=dict)
-    _pending_target: int | None = None
+    _pending_target: tuple[int, int, int] | None = None
+    _split: bool = True
     _pending_count: int = 0
     prediction_log: list[tuple[float, float, float]] = field(default_factory=list)
     """(time, prefill tokens/s predicted for the next interval, observed over it)."""
@@ -126,12 +129,26 @@ class EvolvingPlanner:
         target = math.floor(num_nodes * share + 0.5)
         return min(max(target, 1), num_nodes - 1)
 
+    def target_roles(self, need_p: float, need_d: float, num_nodes: int) -> tuple[int, int, int]:
+        """(prefill, decode, mixed) nodes wanted. Under light load every node is mixed:
+        prefill interference costs little there and any node can take a session back where
+        its context lives; past `mixed_below_utilisation` the split disaggregates."""
+        threshold = self.config.mixed_below_utilisation
+        if self._split:
+            threshold *= 0.8  # a band, so load near the threshold does not flap the roles
+        if num_nodes <= 1 or (need_p + need_d) / num_nodes < threshold:
+            self._split = False
+            return 0, 0, num_nodes
+        self._split = True
+        p = self.target_prefill_nodes(need_p, need_d, num_nodes)
+        return p, num_nodes - p, 0
+
     def plan(self, view: ClusterView, now_s: float) -> list[RoleChange]:
         nodes = [n for n in view.nodes if n.is_serving]
         need_p, need_d = self.demand(view, now_s)
-        target = self.target_prefill_nodes(need_p, need_d, len(nodes))
-        self.targets.append((now_s, target, len(nodes) - target))
-        current = sum(1 for n in nodes if n.role is Role.PREFILL)
+        target = self.target_roles(need_p, need_d, len(nodes))
+        self.targets.append((now_s, target[0], target[1] + target[2]))
+        current = tuple(sum(1 for n in nodes if n.role is r) for r in _ROLES)
         if target == current:
             self._pending_target, self._pending_count = None, 0
             return []
@@ -140,24 +157,42 @@ class EvolvingPlanner:
         self._pending_count += 1
         if self._pending_count < self.config.confirm_ticks:
             return []
-        return self._switch(nodes, target - current, now_s)
+        return self._switch(nodes, dict(zip(_ROLES, target, strict=True)), now_s)
 
-    def _switch(self, nodes: list[NodeView], delta: int, now_s: float) -> list[RoleChange]:
+    def _switch(
+        self, nodes: list[NodeView], target: dict[Role, int], now_s: float
+    ) -> list[RoleChange]:
+        """Move nodes from roles over their target to roles under it, picking the nodes
+        that strand the least work, at most `max_switches_per_tick`."""
         cfg = self.config
 
         def free(n: NodeView) -> bool:
             return now_s - self._last_switch_s.get(n.node_id, -math.inf) >= cfg.min_dwell_s
 
-        if delta > 0:
-            # to prefill: the decode nodes that would strand the least work
-            cands = [n for n in nodes if n.role is not Role.PREFILL and free(n)]
-            cands.sort(key=lambda n: (n.num_running_decodes, n.num_decode_blocks, n.node_id))
-            new_role = Role.PREFILL
-        else:
-            cands = [n for n in nodes if n.role is Role.PREFILL and free(n)]
-            cands.sort(key=lambda n: (n.num_waiting_prefill_tokens, n.node_id))
-            new_role = Role.DECODE
-        picked = cands[: min(abs(delta), cfg.max_switches_per_tick)]
-        for n in picked:
-            self._last_switch_s[n.node_id] = now_s
-        return [RoleChange(n.node_id, new_role, cfg.switch_mode) for n in picked]
+        surplus: list[NodeView] = []
+        for role in _ROLES:
+            have = [n for n in nodes if n.role is role]
+            extra = len(have) - target[role]
+            if extra > 0:
+                # a decode-capable node strands running decodes, a prefill one its queue
+                have = [n for n in have if free(n)]
+                have.sort(key=lambda n: (_work(n, role), n.node_id))
+                surplus += have[:extra]
+        count = {r: sum(1 for n in nodes if n.role is r) for r in _ROLES}
+        deficits = [r for r in _ROLES for _ in range(target[r] - count[r])]
+        changes: list[RoleChange] = []
+        for node, role in zip(surplus, deficits, strict=False):
+            if len(changes) >= cfg.max_switches_per_tick:
+                break
+            self._last_switch_s[node.node_id] = now_s
+            changes.append(RoleChange(node.node_id, role, cfg.switch_mode))
+        return changes
+
+
+_ROLES = (Role.PREFILL, Role.DECODE, Role.MIXED)
+
+
+def _work(node: NodeView, role: Role) -> tuple[int, int]:
+    if role is Role.PREFILL:
+        return node.num_waiting_prefill_tokens, 0
+    return node.num_running_decodes, node.num_decode_blocks
