@@ -3,6 +3,7 @@ the workload; returns the summary with the fixed metric names."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -174,4 +175,22 @@ def run_sim(cfg: SimConfig, progress: Progress | None = None) -> SimResult:
     summary["sim_s_per_wall_s"] = sim.events.now_s / max(wall_s, 1e-9)
     summary["kv_link_bytes"] = sim.links.num_bytes_moved
     summary["switch_cost_s"] = metrics.switch_cost_s
+    summary["planner_prediction_error"] = prediction_error(sim.bundle.planner)
     return SimResult(cfg, summary, metrics, spec)
+
+
+def prediction_error(planner: object) -> float:
+    """Mean absolute error of a planner's prefill-demand predictions, relative to the mean
+    observed demand (NaN when the planner keeps no `prediction_log`)."""
+    log = getattr(planner, "prediction_log", None)
+    if not log:
+        return math.nan
+    observed = [float(o) for _, _, o in log]
+    scale = sum(observed) / len(observed)
+    if scale <= 0:
+        return math.nan
+    return (
+        float(sum(abs(float(p) - o) for (_, p, _), o in zip(log, observed, strict=True)))
+        / len(log)
+        / scale
+    )
