@@ -88,6 +88,13 @@ def _add_server_flags(p: argparse.ArgumentParser, default_executor: str | None) 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="serve a model on local node workers (OpenAI API)")
     _add_server_flags(p, default_executor="torch")
+    p.add_argument(
+        "--runtime", choices=("local", "ray"), default="local",
+        help="ray: node actors on a Ray cluster (the evinfra[ray] extra)",
+    )  # fmt: skip
+    from evinfra.serve.ray_runtime.options import add_ray_flags
+
+    add_ray_flags(p)
     p.set_defaults(handler=run_serve_command)
 
 
@@ -127,8 +134,14 @@ def run_serve_command(args: argparse.Namespace) -> int:
 
     try:
         settings = serve_settings(args)
-        frontend = build_frontend(settings)
-    except (ValueError, KeyError, FileNotFoundError) as exc:
+        if getattr(args, "runtime", "local") == "ray":
+            from evinfra.serve.ray_runtime.options import ray_options
+            from evinfra.serve.ray_runtime.server import build_ray_frontend
+
+            frontend = build_ray_frontend(settings, ray_options(args))
+        else:
+            frontend = build_frontend(settings)
+    except (ValueError, KeyError, FileNotFoundError, ImportError) as exc:
         print(f"evinfra serve: error: {exc}", file=sys.stderr)
         return 2
     url = f"http://{settings.host}:{settings.port}"
