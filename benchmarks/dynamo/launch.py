@@ -32,6 +32,9 @@ class EngineShape:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     speedup_ratio: float = 1.0
+    utilisation_source: str = "decode_context"
+    """What the decode polynomial's KV utilisation counts on evinfra's side: the decoding
+    sequences' contexts, as Dynamo 1.6.1's mocker does (measured: see the docs)."""
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -50,6 +53,12 @@ class Deployment:
     @property
     def sends_hints(self) -> bool:
         """Dynamo 1.6.1's frontend rejects the `agent` body field (HTTP 400)."""
+        return self.kind == "evinfra"
+
+    @property
+    def leading_extra_chunk(self) -> bool:
+        """evinfra's disaggregated runtime streams an empty chunk at the prefill handoff,
+        before the first token; Dynamo's extra chunk (finish_reason alone) trails."""
         return self.kind == "evinfra"
 
     @property
@@ -122,6 +131,7 @@ def evinfra_command(dep: Deployment, shape: EngineShape, evinfra: str, port: int
         "--cost-model", "dynamo-polynomial",
         "--cost-option", f"speedup_ratio={shape.speedup_ratio}",
         "--cost-option", f"kv_capacity_tokens={shape.kv_capacity_tokens}",
+        "--cost-option", f"utilisation_source={shape.utilisation_source}",
     ]  # fmt: skip
 
 

@@ -119,6 +119,7 @@ def sim_config(
         "cost_options": {
             "speedup_ratio": shape.speedup_ratio,
             "kv_capacity_tokens": shape.kv_capacity_tokens,
+            "utilisation_source": shape.utilisation_source,
         },
         "duration_s": limits.duration_s,
         "warmup_s": 0.0,

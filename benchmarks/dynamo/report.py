@@ -2,9 +2,9 @@
 system the measured mean end-to-end latency, P50/P95 TTFT and ITL, the ratios of each
 Dynamo deployment to evinfra, and the simulator's prediction next to each measured value.
 
-ITL is recomputed from `requests.jsonl`: Dynamo's frontend sends `finish_reason` in a
-chunk of its own after the last token, which `evinfra replay` counts as a chunk; a
-request's gaps beyond its `num_output_tokens - 1` are such trailing chunks and dropped.
+TTFT, TPOT and ITL are recomputed from `requests.jsonl` over token chunks only (see
+`token_timing`): both servers send a chunk that carries no token, which `evinfra replay`
+counts as one.
 """
 
 from __future__ import annotations
@@ -22,17 +22,36 @@ SIM_METRICS = ("mean_e2e_s", "p50_ttft_s", "p95_ttft_s", "mean_tpot_s")
 SIM_TOLERANCE = 0.15
 
 
-def token_gaps(rows: Iterable[Mapping[str, Any]]) -> list[float]:
-    """Inter-token gaps of the successful requests, trailing non-token chunks dropped."""
+def token_timing(row: Mapping[str, Any], leading_extra: bool) -> tuple[float, list[float]] | None:
+    """(TTFT, inter-token gaps) of one successful request, counting only token chunks.
+
+    A stream can hold chunks that carry no token: Dynamo's frontend sends `finish_reason`
+    alone after the last token (a trailing extra), evinfra's disaggregated runtime sends
+    an empty chunk when the prefill node hands the request off, before the decode node
+    has the KV and the first token (a leading extra). `evinfra replay` counts every chunk,
+    so with `num_output_tokens` tokens and more chunks than that, the surplus chunks are
+    dropped from the start (`leading_extra`) or the end."""
+    if row.get("error") or row.get("e2e_s") is None or row.get("ttft_s") is None:
+        return None
+    gaps = [float(g) for g in row.get("itl_s") or []]
+    ttft = float(row["ttft_s"])
+    num_tokens = int(row.get("num_output_tokens") or 0)
+    extra = len(gaps) + 1 - num_tokens if num_tokens > 0 else 0
+    if extra > 0 and leading_extra:
+        ttft += sum(gaps[:extra])
+        gaps = gaps[extra:]
+    elif extra > 0:
+        gaps = gaps[: len(gaps) - extra]
+    return ttft, gaps
+
+
+def token_gaps(rows: Iterable[Mapping[str, Any]], leading_extra: bool = False) -> list[float]:
+    """Inter-token gaps of the successful requests, non-token chunks dropped."""
     gaps: list[float] = []
     for row in rows:
-        if row.get("error") or row.get("e2e_s") is None:
-            continue
-        itl = list(row.get("itl_s") or [])
-        num_tokens = int(row.get("num_output_tokens") or 0)
-        if num_tokens > 0:
-            itl = itl[: max(num_tokens - 1, 0)]
-        gaps.extend(float(g) for g in itl)
+        timing = token_timing(row, leading_extra)
+        if timing is not None:
+            gaps.extend(timing[1])
     return gaps
 
 
@@ -42,12 +61,32 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def measured_metrics(run_dir: Path) -> dict[str, Any]:
-    """The replay's summary.json with ITL recomputed from requests.jsonl."""
+def measured_metrics(run_dir: Path, leading_extra: bool = False) -> dict[str, Any]:
+    """The replay's summary.json with TTFT, TPOT and ITL recomputed from requests.jsonl
+    over token chunks only (`token_timing`); the replay's own values are kept as
+    `replay_*`."""
     summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
     rows = read_jsonl(run_dir / "requests.jsonl")
-    gaps = np.array(token_gaps(rows), dtype=float)
-    summary["replay_mean_itl_s"] = summary.get("mean_itl_s")
+    timings = [t for row in rows if (t := token_timing(row, leading_extra)) is not None]
+    for key in (
+        "mean_ttft_s",
+        "p50_ttft_s",
+        "p95_ttft_s",
+        "p99_ttft_s",
+        "mean_itl_s",
+        "p95_itl_s",
+        "mean_tpot_s",
+    ):
+        summary[f"replay_{key}"] = summary.get(key)  # fmt: skip
+    ttft = np.array([t for t, _ in timings], dtype=float)
+    if len(ttft):
+        summary["mean_ttft_s"] = float(ttft.mean())
+        for name, q in (("p50", 50), ("p95", 95), ("p99", 99)):
+            summary[f"{name}_ttft_s"] = float(np.percentile(ttft, q))
+    tpot = np.array([sum(g) / len(g) for _, g in timings if g], dtype=float)
+    if len(tpot):
+        summary["mean_tpot_s"] = float(tpot.mean())
+    gaps = np.array([g for _, gs in timings for g in gs], dtype=float)
     if len(gaps):
         summary["mean_itl_s"] = float(gaps.mean())
         for name, q in (("p50", 50), ("p95", 95), ("p99", 99)):

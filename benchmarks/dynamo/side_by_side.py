@@ -114,7 +114,9 @@ class SideBySide:
             rc = run_bounded(argv, budget, self.out / "logs" / f"replay-{run.name}-{dep.label}.log")
             if rc != 0 or not (out / "summary.json").is_file():
                 raise RuntimeError(f"replay of {run.name} on {dep.label} failed (rc {rc})")
-            self.measured.setdefault(run.name, {})[dep.label] = measured_metrics(out)
+            self.measured.setdefault(run.name, {})[dep.label] = measured_metrics(
+                out, leading_extra=dep.leading_extra_chunk
+            )
         finally:
             stop_server(server)
             log(f"{run.name}: stopped {dep.label}")
@@ -196,7 +198,7 @@ class SideBySide:
         rc = run_bounded(argv, 120, self.out / "logs" / f"crosscheck-replay-{label}.log")
         if rc != 0:
             return {"error": f"replay exited {rc}"}
-        return measured_metrics(out)
+        return measured_metrics(out, leading_extra=server.deployment.leading_extra_chunk)
 
     def main(self) -> int:
         self.out.mkdir(parents=True, exist_ok=True)

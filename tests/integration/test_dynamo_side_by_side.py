@@ -32,7 +32,7 @@ from matrix import (  # noqa: E402
     sim_config,
     write_crosscheck_trace,
 )
-from report import build_results, ratio, token_gaps  # noqa: E402
+from report import build_results, ratio, token_gaps, token_timing  # noqa: E402
 
 
 def test_token_gaps_drop_the_trailing_finish_chunk() -> None:
@@ -44,6 +44,16 @@ def test_token_gaps_drop_the_trailing_finish_chunk() -> None:
         {"e2e_s": None, "error": "HTTP 500", "num_output_tokens": 0, "itl_s": [0.5]},
     ]
     assert token_gaps(rows) == [0.01, 0.02, 0.03, 0.04]
+
+
+def test_token_timing_drops_evinfra_handoff_chunk_from_the_start() -> None:
+    # evinfra disaggregated: an empty chunk at the handoff, then 3 tokens
+    row = {"e2e_s": 1.0, "ttft_s": 0.5, "num_output_tokens": 3, "itl_s": [0.2, 0.01, 0.02]}
+    ttft, gaps = token_timing(row, leading_extra=True)  # type: ignore[misc]
+    assert ttft == pytest.approx(0.7) and gaps == [0.01, 0.02]
+    ttft, gaps = token_timing(row, leading_extra=False)  # type: ignore[misc]
+    assert ttft == pytest.approx(0.5) and gaps == [0.2, 0.01]
+    assert token_timing({**row, "error": "x"}, leading_extra=True) is None
 
 
 def test_build_results_ratios_and_sim_errors() -> None:
@@ -77,6 +87,7 @@ def test_both_systems_get_the_same_engine() -> None:
     assert flag(ev, "--max-num-batched-tokens") == flag(mocker, "--max-num-batched-tokens")
     assert "speedup_ratio=2.0" in ev and flag(mocker, "--speedup-ratio") == "2.0"
     assert f"kv_capacity_tokens={16 * 4096}" in ev
+    assert "utilisation_source=decode_context" in ev
     assert flag(frontend, "--router-mode") == "kv" and flag(frontend, "--http-host") == "127.0.0.1"
     assert flag(mocker, "--discovery-backend") == "file"
     assert flag(mocker, "--request-plane") == "tcp"
