@@ -187,9 +187,9 @@ def markdown(results: Mapping[str, Any], header: str) -> str:
         lines.append("| system | mean e2e | P50 TTFT | P95 TTFT | mean ITL | P50 ITL | P95 ITL |")
         lines.append("|---|---|---|---|---|---|---|")
         for label, r in res["ratio_to_evinfra"].items():
-            cells = " | ".join(_fmt(r[m], 1, 2) + ("x" if not math.isnan(r[m]) else "")
-                               for m in METRICS)  # fmt: skip
-            lines.append(f"| {label} | {cells} |")
+            row = " | ".join(_fmt(r[m], 1, 2) + ("x" if not math.isnan(r[m]) else "")
+                             for m in METRICS)  # fmt: skip
+            lines.append(f"| {label} | {row} |")
         lines += ["", "Simulator prediction (replay-matched closed loop, `sim_matched.py`) "
                   "next to the measured value (relative error; ✗ beyond 15%):", ""]  # fmt: skip
         lines.append("| system | mean e2e meas / sim | P50 TTFT meas / sim "

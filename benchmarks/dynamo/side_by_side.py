@@ -69,10 +69,11 @@ def run_bounded(
 
 
 def num_tiny_device_blocks(block_size: int) -> int:
-    from evinfra.sim.config import SimConfig
+    from evinfra.sim.config import load_config
     from evinfra.sim.runner import build_node_spec
 
-    cfg = SimConfig(model="tiny", gpu="h200", num_gpus=1, gpus_per_node=1, block_size=block_size)
+    node = {"model": "tiny", "gpu": "h200", "num_gpus": 1, "gpus_per_node": 1}
+    cfg = load_config(None, {**node, "block_size": block_size})
     return build_node_spec(cfg).num_device_blocks
 
 

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,11 +37,11 @@ from report import build_results, ratio, token_gaps, token_timing  # noqa: E402
 
 
 def test_token_gaps_drop_the_trailing_finish_chunk() -> None:
-    rows = [
+    rows: list[dict[str, Any]] = [
         # Dynamo: 3 tokens, then a chunk carrying only finish_reason -> 3 gaps, keep 2
-        {"e2e_s": 1.0, "num_output_tokens": 3, "itl_s": [0.01, 0.02, 0.0001]},
+        {"e2e_s": 1.0, "ttft_s": 0.1, "num_output_tokens": 3, "itl_s": [0.01, 0.02, 0.0001]},
         # evinfra: finish_reason on the last token's chunk -> 2 gaps, keep 2
-        {"e2e_s": 1.0, "num_output_tokens": 3, "itl_s": [0.03, 0.04]},
+        {"e2e_s": 1.0, "ttft_s": 0.1, "num_output_tokens": 3, "itl_s": [0.03, 0.04]},
         {"e2e_s": None, "error": "HTTP 500", "num_output_tokens": 0, "itl_s": [0.5]},
     ]
     assert token_gaps(rows) == [0.01, 0.02, 0.03, 0.04]
