@@ -28,6 +28,8 @@ class RouterConfig:
     max_local_prefill_tokens: int = 4096
     """Largest uncached prefill a decode-role node takes for a request it will decode."""
     kv_full_penalty_s: float = 30.0
+    max_candidates: int = 8
+    """Prefill placements predicted per request in clusters larger than this."""
     """Added to a decode node that lacks KV room for the request (it would preempt)."""
 
 
@@ -76,7 +78,7 @@ class EvolvingRouter:
         dcost = {n.node_id: self._decode_cost_s(n, request, out_tokens) for n in decoders}
         remote = self._best_remote_decoder(decoders, request, matches, dcost)
         best: _Choice | None = None
-        for node in nodes:
+        for node in self._candidates(nodes, matches, request):
             choice = self._evaluate(
                 node, request, matches[node.node_id], holder, holder_blocks, remote, dcost
             )
@@ -95,6 +97,30 @@ class EvolvingRouter:
         if best.route.prefill_node == best.route.decode_node:
             self.num_local_prefills += 1
         return best.route
+
+    def _candidates(
+        self, nodes: list[NodeView], matches: dict[int, PrefixMatch], request: Request
+    ) -> list[NodeView]:
+        """The prefill placements worth predicting: in a large cluster, the nodes holding
+        most of the prompt, the least queued ones and the session's home node (power of
+        k choices); in a small one, every node."""
+        k = self.config.max_candidates
+        if len(nodes) <= k:
+            return nodes
+        by_match = sorted(nodes, key=lambda n: (-matches[n.node_id].num_blocks, n.node_id))
+        by_queue = sorted(nodes, key=lambda n: (n.num_waiting_prefill_tokens, n.node_id))
+        picked = {n.node_id: n for n in by_match[: k // 2]}
+        for n in by_queue:
+            if len(picked) >= k:
+                break
+            picked.setdefault(n.node_id, n)
+        sid = self.table.request_session.get(request.request_id)
+        entry = self.table.sessions.get(sid) if sid is not None else None
+        if entry is not None and entry.node_id is not None:
+            home = next((n for n in nodes if n.node_id == entry.node_id), None)
+            if home is not None:
+                picked.setdefault(home.node_id, home)
+        return sorted(picked.values(), key=lambda n: n.node_id)
 
     def _best_remote_decoder(
         self,
