@@ -128,11 +128,17 @@ class KVPool:
     # -- mutations -------------------------------------------------------------------
     def acquire_cached(self, hashes: Sequence[int]) -> list[int]:
         """Take a reference on the device blocks of `hashes` (all must be indexed)."""
-        ids: list[int] = []
-        for h in hashes:
-            block_id = self._index[h]
-            self._take(block_id)
-            ids.append(block_id)
+        # the hot path of every cache hit: one loop, locals bound once
+        index, ref, evict = self._index, self._ref, self.eviction.remove
+        ids = [index[h] for h in hashes]
+        newly_used = 0
+        for block_id in ids:
+            r = ref[block_id]
+            if r == 0:
+                evict(block_id)
+                newly_used += 1
+            ref[block_id] = r + 1
+        self._num_in_use += newly_used
         return ids
 
     def _take(self, block_id: int) -> None:
@@ -197,19 +203,22 @@ class KVPool:
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference on each block. Pass a sequence's blocks in order: they are
         released tail first, so LRU evicts a finished sequence's tail before its prefix."""
+        refs, hashes, index, add = self._ref, self._hash, self._index, self.eviction.add
+        released = 0
         for block_id in reversed(block_ids):
-            ref = self._ref[block_id]
+            ref = refs[block_id]
             if ref <= 0:
                 raise ValueError(f"free of block {block_id} with ref count {ref}")
-            self._ref[block_id] = ref - 1
+            refs[block_id] = ref - 1
             if ref == 1:
-                self._num_in_use -= 1
-                h = self._hash[block_id]
-                if h is not None and self._index.get(h) == block_id:
-                    self.eviction.add(block_id, h)
+                released += 1
+                h = hashes[block_id]
+                if h is not None and index.get(h) == block_id:
+                    add(block_id, h)
                 else:
-                    self._hash[block_id] = None
+                    hashes[block_id] = None
                     self._free.append(block_id)
+        self._num_in_use -= released
 
     def drop(self, hashes: Sequence[int]) -> int:
         """Free dead content at once (compaction, truncation, a finished session): unused

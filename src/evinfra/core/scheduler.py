@@ -166,6 +166,7 @@ class NodeScheduler:
             self.pool.commit(new_ids[i], hashes[start + i])
         seq.block_ids = ids + new_ids
         num_hit = match.num_device_blocks + match.num_host_blocks
+        seq.num_committed_blocks = num_hit  # cached and onboarded blocks are indexed
         seq.num_computed_tokens = num_hit * bs
         seq.num_prefill_target = target
         if seq.num_generated == 0:
@@ -412,6 +413,7 @@ class NodeScheduler:
         new_ids = self.pool.try_allocate(need)
         assert new_ids is not None
         seq.block_ids = ids + new_ids
+        seq.num_committed_blocks = match.num_device_blocks
         seq.num_computed_tokens = computed
         seq.phase = SeqPhase.INCOMING
         self._admit_counter += 1

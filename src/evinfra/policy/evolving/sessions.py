@@ -156,15 +156,21 @@ class SessionTable:
         entry.output_tokens_ewma = out if first else 0.7 * entry.output_tokens_ewma + 0.3 * out
         self.output_tokens_ewma = 0.95 * self.output_tokens_ewma + 0.05 * out
         context = request.prompt_hashes + request.output_hashes
-        old = set(entry.context_hashes)
-        new = set(context)
-        self._release(tuple(h for h in entry.context_hashes if h not in new))
-        orphans = self.orphans
-        for h in context:
-            if h not in old:
-                self.num_owners[h] = self.num_owners.get(h, 0) + 1
+        # the common prefix with the previous context is already held: only the tails
+        # change hands (an append has no old tail at all)
+        keep = common_prefix_len(entry.context_hashes, context)
+        old_tail = entry.context_hashes[keep:]
+        new_tail = context[keep:]
+        if old_tail:
+            new_set = set(new_tail)
+            self._release(tuple(h for h in old_tail if h not in new_set))
+        old_set = set(old_tail)
+        orphans, owners, owner = self.orphans, self.num_owners, self.owner
+        for h in new_tail:
+            if h not in old_set:
+                owners[h] = owners.get(h, 0) + 1
                 orphans.pop(h, None)
-            self.owner[h] = sid
+            owner[h] = sid
         entry.context_hashes = context
         entry.node_id = node_id
         entry.last_finish_s = now_s
