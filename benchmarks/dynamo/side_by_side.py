@@ -21,7 +21,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from launch import Deployment, RunningServer, start_server, stop_server  # noqa: E402
+from launch import (  # noqa: E402
+    Deployment,
+    RunningServer,
+    dynamo_commands,
+    evinfra_command,
+    start_server,
+    stop_server,
+)
 from matrix import (  # noqa: E402
     AIPERF_TOKENIZER_REPO,
     Limits,
@@ -97,6 +104,12 @@ class SideBySide:
     def _start(self, dep: Deployment, run: WorkloadRun, tag: str) -> RunningServer:
         self.port += 1
         log_dir = self.out / "logs" / f"{tag}-{dep.label}"
+        if dep.kind == "evinfra":
+            argvs = [evinfra_command(dep, run.shape, self.evinfra, self.port)]
+        else:
+            argvs = [a for _, a in dynamo_commands(dep, run.shape, self.dynamo_python,
+                                                   self.model_dir, self.port)]  # fmt: skip
+        self.commands.extend(" ".join(a) for a in argvs)
         return start_server(
             dep, run.shape, port=self.port, log_dir=log_dir, dynamo_python=self.dynamo_python,
             evinfra_bin=self.evinfra, model_dir=self.model_dir,
