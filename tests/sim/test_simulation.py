@@ -2,6 +2,7 @@ import itertools
 
 import pytest
 
+from evinfra.core.types import Role, RoleChange, SwitchMode
 from evinfra.workloads.types import SessionArrival
 from tests.sim.toy import make_session, make_sim
 
@@ -82,3 +83,37 @@ def test_a_call_no_node_can_hold_is_rejected_not_stuck() -> None:
     assert metrics.num_rejected == 2
     assert all(r.finish_s is not None for r in metrics.records.values())
     assert {r.session_id for r in metrics.records.values()} == {"small"}
+
+
+class _RestartAll:
+    """A planner that restarts every node once, at 1 s."""
+
+    interval_s = 1.0
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def observe(self, observation: object) -> None:
+        pass
+
+    def plan(self, view: object, now_s: float) -> list[RoleChange]:
+        if self.done:
+            return []
+        self.done = True
+        return [RoleChange(i, Role.MIXED, SwitchMode.RESTART) for i in range(2)]
+
+
+def test_calls_are_held_while_every_node_restarts_and_none_is_lost() -> None:
+    sessions = [
+        SessionArrival(0.1 * i, make_session(f"r{i}", 3, 40, 10, think_s=0.5)) for i in range(4)
+    ]
+    sim = make_sim(sessions)
+    sim.bundle.planner = _RestartAll()  # type: ignore[assignment]
+    sim.bundle.switch_mode = SwitchMode.RESTART
+    sim.bundle.cold_start_s = 5.0
+    metrics = sim.run()
+    recs = list(metrics.records.values())
+    assert len(recs) == 12 and all(r.finish_s is not None for r in recs)
+    # calls sent during the cold start waited for it
+    assert max(r.ttft_s or 0.0 for r in recs) > 3.0
+    assert metrics.role_switches == 2

@@ -103,6 +103,7 @@ class Simulation:
         self._num_active_sessions = 0
         self._last_seen = [0] * len(nodes)
         self._max_node_blocks = max(n.sched.num_device_blocks for n in nodes)
+        self._held: list[tuple[SessionRun, int, Request]] = []
         self._last_cached = [0] * len(nodes)
 
     # -- running ------------------------------------------------------------------------
@@ -131,7 +132,9 @@ class Simulation:
         return self.metrics
 
     def _drained(self) -> bool:
-        return self.events.now_s >= self.settings.horizon_s and not self._inflight
+        return (
+            self.events.now_s >= self.settings.horizon_s and not self._inflight and not self._held
+        )
 
     @property
     def now_s(self) -> float:
@@ -214,6 +217,16 @@ class Simulation:
         self._apply_kv(self.bundle.kv_manager.on_arrival(req, now))
         if self.bundle.planner is not None:
             self.bundle.planner.observe(RequestArrived(req, now))
+        self._route(run, index, req)
+
+    def _route(self, run: SessionRun, index: int, req: Request) -> None:
+        """Place a request, or hold it at the frontend while no node serves (every worker
+        restarting): it is placed when the first comes back."""
+        if not any(n.sched.is_serving for n in self.nodes):
+            self._held.append((run, index, req))
+            return
+        rid = req.request_id
+        now = self.now_s
         route = self.bundle.router.route(req, self.view, now)
         for node_id in (route.prefill_node, route.decode_node):
             if not 0 <= node_id < len(self.nodes):
@@ -470,6 +483,9 @@ class Simulation:
             sched.set_role(role)
             sched.is_serving = True
             self._kick(node)
+            held, self._held = self._held, []
+            for run, index, req in held:
+                self._route(run, index, req)
 
         self.events.push(self.now_s + self.bundle.cold_start_s, Phase.NODE_READY, ready)
 

@@ -144,6 +144,12 @@ class EvolvingPlanner:
         return p, num_nodes - p, 0
 
     def plan(self, view: ClusterView, now_s: float) -> list[RoleChange]:
+        if self.config.switch_mode is SwitchMode.RESTART and not all(
+            n.is_serving for n in view.nodes
+        ):
+            # a restart in progress: plan again once every worker is back (as Dynamo's
+            # planner does), so restarts never take the whole cluster offline
+            return []
         nodes = [n for n in view.nodes if n.is_serving]
         need_p, need_d = self.demand(view, now_s)
         target = self.target_roles(need_p, need_d, len(nodes))
