@@ -211,26 +211,36 @@ class NodeScheduler:
         if preempted:
             decodes = [s for s in decodes if s.phase is decoding]
             budget = cfg.max_num_batched_tokens - len(decodes)
-        onboarded = 0
-        while self.waiting and len(decodes) + len(self.prefilling) < cfg.max_num_seqs:
-            got = self._try_admit(self.waiting[0])
-            if got is None:
-                break
-            onboarded += got
-            self.prefilling.append(self.waiting.popleft())
         chunks: list[ChunkWork] = []
         for seq in self.prefilling:
             if budget <= 0:
                 break
-            remaining = seq.num_prefill_target - seq.num_computed_tokens
-            take = min(remaining, budget)
-            if cfg.max_prefill_chunk_tokens is not None:
-                take = min(take, cfg.max_prefill_chunk_tokens)
-            chunks.append(ChunkWork(seq, take, seq.num_computed_tokens, take == remaining))
-            budget -= take
+            budget -= self._add_chunk(seq, budget, chunks)
+        # admit new prefills only while this step has budget for them (as vLLM does): a
+        # burst of requests sharing a prefix then hits the blocks the first one computed
+        # (committed chunk by chunk) instead of every one computing them
+        onboarded = 0
+        while (
+            budget > 0 and self.waiting and len(decodes) + len(self.prefilling) < cfg.max_num_seqs
+        ):
+            got = self._try_admit(self.waiting[0])
+            if got is None:
+                break
+            onboarded += got
+            seq = self.waiting.popleft()
+            self.prefilling.append(seq)
+            budget -= self._add_chunk(seq, budget, chunks)
         if not chunks and not decodes:
             return None if not preempted else StepPlan((), (), 0, tuple(preempted))
         return StepPlan(tuple(chunks), tuple(decodes), onboarded, tuple(preempted))
+
+    def _add_chunk(self, seq: Sequence, budget: int, chunks: list[ChunkWork]) -> int:
+        remaining = seq.num_prefill_target - seq.num_computed_tokens
+        take = min(remaining, budget)
+        if self.config.max_prefill_chunk_tokens is not None:
+            take = min(take, self.config.max_prefill_chunk_tokens)
+        chunks.append(ChunkWork(seq, take, seq.num_computed_tokens, take == remaining))
+        return take
 
     def _ensure_blocks(self, seq: Sequence, num_tokens: int, preempted: list[Sequence]) -> bool:
         need = seq.num_blocks_needed(num_tokens, self.block_size)
@@ -290,6 +300,8 @@ class NodeScheduler:
         for chunk in plan.chunks:
             seq = chunk.seq
             seq.num_computed_tokens += chunk.num_new_tokens
+            # full blocks are visible to other requests as soon as they are computed
+            self._commit_computed(seq)
             if chunk.completes_prefill:
                 self.prefilling.remove(seq)
                 seq.num_generated += 1

@@ -147,3 +147,16 @@ def test_no_request_lost_or_finished_twice(
     finished = run_to_idle(sched)
     assert sorted(finished) == ids
     assert sched.is_idle and sched.pool.num_used_blocks == 0
+
+
+def test_a_burst_sharing_a_prefix_computes_it_once() -> None:
+    sched = make_sched(budget=16, max_seqs=8)
+    shared = list(range(32))
+    seqs = [
+        sched.enqueue_prefill(make_request(rid, [*shared, 90 + rid] * 1, 2), decode_here=True)
+        for rid in range(3)
+    ]
+    run_to_idle(sched)
+    # the first computes the 32 shared tokens; the others are admitted only once it has
+    # (the step budget is spent) and find them cached, block by block as committed
+    assert [s.num_cached_tokens for s in seqs] == [0, 32, 32]
