@@ -185,7 +185,9 @@ class Simulation:
             run.parent.pending_children -= 1
             if run.parent.pending_children == 0:
                 self._schedule_next_call(run.parent)
-        elif self.workload.concurrency is not None:
+        elif self.workload.concurrency is not None and finished:
+            # a slot whose next call falls past the horizon stays taken until then, as the
+            # replay client keeps its session: no fresh session takes its place early
             self._start_next_arrival(immediate=True)
 
     def _after_call(self, run: SessionRun, call_index: int) -> None:
