@@ -60,8 +60,9 @@ def default_workloads(shared_dir: Path, quick: bool = False) -> list[WorkloadRun
     return runs
 
 
-def default_deployments() -> list[Deployment]:
-    return [Deployment("evinfra"), Deployment("dynamo-agg"), Deployment("dynamo-disagg")]
+def default_deployments(num_nodes: int = 2) -> list[Deployment]:
+    kinds = ("evinfra", "dynamo-agg", "dynamo-disagg")
+    return [Deployment(kind, num_nodes=num_nodes) for kind in kinds]
 
 
 def replay_argv(
@@ -101,6 +102,8 @@ def sim_config(
     tiny is far larger), the mocker's polynomial with its speed-up ratio and KV capacity,
     the same batch limits, workload, seed, duration and drain."""
     system, options = SIM_SYSTEMS[dep.kind]
+    if dep.kind == "dynamo-disagg":  # launch.dynamo_commands' split
+        options = {**options, "num_prefill_nodes": dep.num_nodes // 2}
     if sim_system is not None:
         system, options = sim_system, {}
     shape = run.shape

@@ -219,7 +219,9 @@ class SideBySide:
         runs = default_workloads(Path(self.args.shared_dir), quick=self.args.quick)
         if self.args.workloads:
             runs = [r for r in runs if r.name in self.args.workloads.split(",")]
-        deps = default_deployments()
+        deps = default_deployments(self.args.num_nodes)
+        if self.args.deployments:
+            deps = [d for d in deps if d.label in self.args.deployments.split(",")]
         started = time.monotonic()
         for run in runs:
             for dep in deps:
@@ -245,7 +247,7 @@ class SideBySide:
         (self.out / "results.json").write_text(json.dumps(payload, indent=2, default=float))
         header = (
             "# evinfra and NVIDIA Dynamo 1.6.1 side by side\n\n"
-            f"One run, {wall_s:.0f} s wall, 2 nodes each; "
+            f"One run, {wall_s:.0f} s wall, {self.args.num_nodes} nodes each; "
             f"{self.limits.duration_s:.0f} s of load per run, {self.limits.drain_s:.0f} s drain."
         )
         text = markdown(results, header)
@@ -268,6 +270,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="coding only, small (the test)")
     p.add_argument("--workloads", help="comma-separated subset: coding,mixed,mooncake")
     p.add_argument("--no-aiperf", action="store_true")
+    p.add_argument("--num-nodes", type=int, default=2, help="nodes per deployment")
+    p.add_argument("--deployments", help="subset: evinfra-evolving,dynamo-agg,dynamo-disagg")
     p.add_argument("--dynamo-venv", default=str(HERE / ".venv"))
     p.add_argument("--model-dir", default=str(HERE / "model"))
     p.add_argument("--shared-dir", default=str(REPO.parent / "shared"))
