@@ -87,6 +87,20 @@ def test_disaggregated_output_equals_single_node(server: ServerProcess) -> None:
     assert server.get("/admin/integrity").json()["ok"]
 
 
+def test_disaggregated_stream_has_no_empty_chunk_before_the_first_token(
+    server: ServerProcess,
+) -> None:
+    """The hand-off is bookkeeping: a client timing TTFT on the first chunk must see a
+    token in it, not an empty chunk sent when the prefill node lets go."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    stream = client.completions.create(
+        model="tiny", prompt=prompt(21, 60), max_tokens=8, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    texts = [c.choices[0].text for c in stream if c.choices]
+    assert texts and texts[0] != ""
+
+
 def test_role_switches_under_load_lose_nothing(server: ServerProcess) -> None:
     cases = [(prompt(20 + i, 30 + 7 * i), 60) for i in range(8)]
     expected = [reference(ids, n) for ids, n in cases]

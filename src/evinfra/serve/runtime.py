@@ -386,7 +386,10 @@ class LocalCluster:
                 live.last_token_s = now
             live.num_output_tokens += len(msg.token_ids)
             self.metrics.num_output_tokens += len(msg.token_ids)
-        live.handle.push(StreamEvent(msg.token_ids, msg.finish))
+        if msg.token_ids or msg.finish is not None:
+            # a message with neither (a hand-off's cached-token count) is bookkeeping:
+            # streaming it as an empty chunk would look like a first token to clients
+            live.handle.push(StreamEvent(msg.token_ids, msg.finish))
         if msg.finish is not None:
             self._finish(live, msg.node_id, now)
 
