@@ -108,12 +108,10 @@ def relative_error(predicted: float | None, measured: float | None) -> float:
 def build_results(
     measured: Mapping[str, Mapping[str, Mapping[str, Any]]],
     simulated: Mapping[str, Mapping[str, Mapping[str, Any]]],
-    simulated_stock: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
     baseline: str = "evinfra-evolving",
 ) -> dict[str, Any]:
-    """measured/simulated: workload -> deployment label -> summary (`simulated`: the
-    replay-matched simulator, `simulated_stock`: plain `evinfra sim`). Returns per workload
-    the rows, Dynamo-to-evinfra ratios and the simulators' relative errors."""
+    """measured/simulated: workload -> deployment label -> summary. Returns per workload
+    the rows, Dynamo-to-evinfra ratios and the simulator's relative errors."""
     out: dict[str, Any] = {}
     for workload, by_system in measured.items():
         base = by_system.get(baseline, {})
@@ -123,7 +121,6 @@ def build_results(
             if label != baseline
         }
         sims = simulated.get(workload, {})
-        stock = (simulated_stock or {}).get(workload, {})
         sim_errors = _errors(by_system, sims)
         out[workload] = {
             "measured": {k: _pick(v, (*METRICS, "num_requests", "num_errors", "kv_hit_rate",
@@ -132,12 +129,8 @@ def build_results(
             "simulated": {k: _pick(v, (*SIM_METRICS, "num_requests", "kv_hit_rate",
                                        "num_unfinished"))
                           for k, v in sims.items()},
-            "simulated_stock": {k: _pick(v, (*SIM_METRICS, "num_requests", "kv_hit_rate",
-                                             "num_unfinished"))
-                                for k, v in stock.items()},
             "ratio_to_evinfra": ratios,
             "sim_relative_error": sim_errors,
-            "stock_sim_relative_error": _errors(by_system, stock),
         }  # fmt: skip
     return out
 
@@ -190,8 +183,8 @@ def markdown(results: Mapping[str, Any], header: str) -> str:
             row = " | ".join(_fmt(r[m], 1, 2) + ("x" if not math.isnan(r[m]) else "")
                              for m in METRICS)  # fmt: skip
             lines.append(f"| {label} | {row} |")
-        lines += ["", "Simulator prediction (replay-matched closed loop, `sim_matched.py`) "
-                  "next to the measured value (relative error; ✗ beyond 15%):", ""]  # fmt: skip
+        lines += ["", "Simulator (`evinfra sim`) prediction next to the measured value "
+                  "(relative error; ✗ beyond 15%):", ""]  # fmt: skip
         lines.append("| system | mean e2e meas / sim | P50 TTFT meas / sim "
                      "| P95 TTFT meas / sim | mean TPOT (ms) meas / sim |")  # fmt: skip
         lines.append("|---|---|---|---|---|")
@@ -203,11 +196,6 @@ def markdown(results: Mapping[str, Any], header: str) -> str:
                 pair = f"{_fmt(meas.get(m), scale, digits)} / {_fmt(sim.get(m), scale, digits)}"
                 cells.append(f"{pair} ({_pct(err[m])})")
             lines.append(f"| {label} | {' | '.join(cells)} |")
-        if res.get("stock_sim_relative_error"):
-            lines += ["", "Stock `evinfra sim` (replaces sessions cut by the horizon), relative "
-                      "error: " + "; ".join(
-                          f"{label} e2e {_pct(e['mean_e2e_s'])}, P95 TTFT {_pct(e['p95_ttft_s'])}"
-                          for label, e in res["stock_sim_relative_error"].items())]  # fmt: skip
         lines.append("")
     return "\n".join(lines)
 

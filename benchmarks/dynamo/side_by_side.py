@@ -75,6 +75,15 @@ def run_bounded(
             return -9
 
 
+def git_head() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
 def num_tiny_device_blocks(block_size: int) -> int:
     from evinfra.sim.config import load_config
     from evinfra.sim.runner import build_node_spec
@@ -97,7 +106,6 @@ class SideBySide:
         self.port = BASE_PORT
         self.measured: dict[str, dict[str, dict[str, Any]]] = {}
         self.simulated: dict[str, dict[str, dict[str, Any]]] = {}
-        self.simulated_stock: dict[str, dict[str, dict[str, Any]]] = {}
         self.commands: list[str] = []
         self.failures: list[str] = []
 
@@ -136,25 +144,16 @@ class SideBySide:
             log(f"{run.name}: stopped {dep.label}")
 
     def simulate(self, run: WorkloadRun, dep: Deployment) -> None:
-        """The stock `evinfra sim` and the replay-matched variant (sim_matched.py) on the
-        config that matches the measured run."""
+        """`evinfra sim` on the config that matches the measured run."""
         cfg = sim_config(dep, run, self.limits, num_tiny_device_blocks(run.shape.block_size))
         cfg_path = self.out / "sim" / run.name / f"{dep.label}.yaml"
         write_sim_config(cfg_path, cfg)
-        variants = {
-            "stock": [self.evinfra, "sim", "--config", str(cfg_path), "--quiet", "--out"],
-            "matched": [sys.executable, str(HERE / "sim_matched.py"), "--config", str(cfg_path),
-                        "--out"],
-        }  # fmt: skip
-        for variant, argv in variants.items():
-            out = self.out / "sim" / run.name / f"{dep.label}-{variant}"
-            argv = [*argv, str(out)]
-            self.commands.append(" ".join(argv))
-            log_path = self.out / "logs" / f"sim-{variant}-{run.name}-{dep.label}.log"
-            if run_bounded(argv, 300, log_path) == 0:
-                summary = json.loads((out / "summary.json").read_text())
-                target = self.simulated if variant == "matched" else self.simulated_stock
-                target.setdefault(run.name, {})[dep.label] = summary
+        out = self.out / "sim" / run.name / dep.label
+        argv = [self.evinfra, "sim", "--config", str(cfg_path), "--quiet", "--out", str(out)]
+        self.commands.append(" ".join(argv))
+        if run_bounded(argv, 300, self.out / "logs" / f"sim-{run.name}-{dep.label}.log") == 0:
+            summary = json.loads((out / "summary.json").read_text())
+            self.simulated.setdefault(run.name, {})[dep.label] = summary
 
     def crosscheck(self) -> dict[str, dict[str, dict[str, Any]]]:
         """The same small trace through `evinfra replay` and `aiperf` against evinfra and
@@ -223,6 +222,7 @@ class SideBySide:
         if self.args.deployments:
             deps = [d for d in deps if d.label in self.args.deployments.split(",")]
         started = time.monotonic()
+        commit = git_head()
         for run in runs:
             for dep in deps:
                 try:
@@ -234,12 +234,14 @@ class SideBySide:
             for dep in deps:
                 if dep.label in self.measured.get(run.name, {}):
                     self.simulate(run, dep)
-        results = build_results(self.measured, self.simulated, self.simulated_stock)
+        results = build_results(self.measured, self.simulated)
         crosscheck = {} if self.args.no_aiperf else self.crosscheck()
         wall_s = time.monotonic() - started
+        commit_end = git_head()
         payload = {
             "results": results, "crosscheck": crosscheck, "wall_s": wall_s,
             "limits": asdict(self.limits), "failures": self.failures,
+            "commit": commit, "commit_at_end": commit_end,
             "workloads": {r.name: {"shape": asdict(r.shape), "concurrency": r.concurrency,
                                    "trace": str(r.trace) if r.trace else None} for r in runs},
             "commands": self.commands,
@@ -248,7 +250,10 @@ class SideBySide:
         header = (
             "# evinfra and NVIDIA Dynamo 1.6.1 side by side\n\n"
             f"One run, {wall_s:.0f} s wall, {self.args.num_nodes} nodes each; "
-            f"{self.limits.duration_s:.0f} s of load per run, {self.limits.drain_s:.0f} s drain."
+            f"{self.limits.duration_s:.0f} s of load per run, {self.limits.drain_s:.0f} s drain;"
+            f" evinfra at {commit}"
+            + ("" if commit_end == commit else f" (HEAD moved to {commit_end} during the run)")
+            + "."
         )
         text = markdown(results, header)
         if self.failures:
