@@ -66,7 +66,7 @@ class DynamoPolynomialCostModel:
         speedup_ratio: float = 1.0,
         decode_speedup_ratio: float = 1.0,
         kv_capacity_tokens: int | None = None,
-        utilisation_source: UtilisationSource | str = UtilisationSource.KV_IN_USE,
+        utilisation_source: UtilisationSource | str = UtilisationSource.DECODE_CONTEXT,
     ) -> None:
         if speedup_ratio <= 0 or decode_speedup_ratio <= 0:
             raise ValueError("speedup ratios must be > 0")

@@ -43,7 +43,7 @@ def test_decode_polynomial_by_hand() -> None:
 
 
 def test_step_times() -> None:
-    model = make_model()
+    model = make_model(utilisation_source="kv_in_use")
     only_prefill = BatchShape(prefill_chunks=(PrefillChunk(600, 0), PrefillChunk(400, 5000)))
     assert model.step_time_s(only_prefill) == pytest.approx(32.1058589e-3)  # T = 1000 new
     only_decode = BatchShape(
@@ -66,7 +66,8 @@ def test_fully_cached_prefill_costs_nothing() -> None:
 
 
 def test_speedup_ratios_divide_times() -> None:
-    base, fast = make_model(), make_model(speedup_ratio=4.0, decode_speedup_ratio=2.0)
+    base = make_model(utilisation_source="kv_in_use")
+    fast = make_model(speedup_ratio=4.0, decode_speedup_ratio=2.0, utilisation_source="kv_in_use")
     batch = BatchShape(
         prefill_chunks=(PrefillChunk(1000, 0),),
         num_decode_seqs=1,
@@ -79,8 +80,9 @@ def test_speedup_ratios_divide_times() -> None:
         make_model(speedup_ratio=0.0)
 
 
-def test_utilisation_from_decode_contexts() -> None:
-    model = make_model(utilisation_source="decode_context")
+def test_utilisation_from_decode_contexts_by_default() -> None:
+    # Dynamo 1.6.1's mocker keys decode time on the decoding sequences' contexts
+    model = make_model()
     assert model.utilisation_source is UtilisationSource.DECODE_CONTEXT
     batch = BatchShape(num_decode_seqs=4, num_decode_context_tokens=100_000, num_kv_tokens_in_use=0)
     assert model.step_time_s(batch) == pytest.approx(34.01e-3)
