@@ -288,7 +288,9 @@ class Replayer:
             trace.error = str(obj["error"].get("message", obj["error"]))
             return True
         choices = obj.get("choices") or []
-        if choices:
+        # a closing chunk after tokens carries none (Dynamo); one that carries the only
+        # token (its text may be empty) counts
+        if choices and (not trace.chunk_s or any(not _finish_only(c) for c in choices)):
             trace.chunk_s.append(self.now_s())
         use = obj.get("usage")
         if use:
@@ -325,3 +327,11 @@ class Replayer:
 
 def run_replay(settings: ReplaySettings, workload: Workload) -> ReplayResult:
     return asyncio.run(Replayer(settings, workload).run())
+
+
+def _finish_only(choice: dict[str, Any]) -> bool:
+    """A chunk that only closes the stream (Dynamo sends `finish_reason` in a chunk of its
+    own after the last token): no token, so not counted for TTFT or ITL."""
+    delta = choice.get("delta") or {}
+    text = choice.get("text") or delta.get("content") or ""
+    return choice.get("finish_reason") is not None and not text and not choice.get("token_ids")
