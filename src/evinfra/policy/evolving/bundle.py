@@ -30,12 +30,15 @@ OPTIONS = (
     "cold_start_s",
     "max_local_prefill_tokens",
     "migrate_on_switch",
+    "mixed_below_utilisation",
 )
 
 
-def initial_roles(num_nodes: int, prefill_fraction: float) -> list[Role]:
-    if num_nodes == 1:
-        return [Role.MIXED]
+def initial_roles(num_nodes: int, prefill_fraction: float | None) -> list[Role]:
+    """Every node mixed (no prefill fraction: the planner splits when load demands it),
+    or a split with that share of prefill nodes."""
+    if num_nodes == 1 or prefill_fraction is None:
+        return [Role.MIXED] * num_nodes
     num_prefill = min(max(round(num_nodes * prefill_fraction), 1), num_nodes - 1)
     return [Role.PREFILL] * num_prefill + [Role.DECODE] * (num_nodes - num_prefill)
 
@@ -56,6 +59,9 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
                 interval_s=get_float(options, "planner_interval_s", 5.0, min_value=0.1),
                 itl_target_s=get_float(options, "itl_target_s", 0.05, min_value=0.001),
                 min_dwell_s=get_float(options, "min_dwell_s", 15.0, min_value=0.0),
+                mixed_below_utilisation=get_float(
+                    options, "mixed_below_utilisation", 0.5, min_value=0.0
+                ),
                 switch_mode=mode,
             ),
         )
@@ -78,7 +84,11 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
             ),
         ),
     )
-    fraction = get_float(options, "initial_prefill_fraction", 0.5, min_value=0.0, max_value=1.0)
+    fraction = None
+    if options.get("initial_prefill_fraction") is not None:
+        fraction = get_float(
+            options, "initial_prefill_fraction", 0.5, min_value=0.0, max_value=1.0
+        )
     return SystemBundle(
         name=name,
         router=router,
@@ -95,7 +105,8 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
 
 ABLATIONS: dict[str, dict[str, object]] = {
     "evolving": {},
-    "evolving-no-planner": {"planner": False},
+    # without the planner the split Dynamo would deploy stays: half prefill, half decode
+    "evolving-no-planner": {"planner": False, "initial_prefill_fraction": 0.5},
     "evolving-restart": {"in_place_switch": False},
     "evolving-lru": {"agent_kv": False},
     "evolving-no-hints": {"use_hints": False},
