@@ -86,9 +86,7 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
     )
     fraction = None
     if options.get("initial_prefill_fraction") is not None:
-        fraction = get_float(
-            options, "initial_prefill_fraction", 0.5, min_value=0.0, max_value=1.0
-        )
+        fraction = get_float(options, "initial_prefill_fraction", 0.5, min_value=0.0, max_value=1.0)
     return SystemBundle(
         name=name,
         router=router,
