@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 from evinfra.core.types import Request, Role, Route
-from evinfra.policy.base import ClusterView
+from evinfra.policy.base import ClusterView, match_all
 from evinfra.policy.bundle import ClusterShape, SystemBundle, register
 from evinfra.policy.dynamo.bundles import ROUTER_KEYS, router_config
 from evinfra.policy.dynamo.cost import KvRouterConfig, Phase, eligible, select_worker, worker_cost
@@ -29,8 +29,9 @@ class AggregatedKVRouter:
         if not serving:
             raise RuntimeError("no node is serving")
         nodes = [n for n in serving if n.role is Role.MIXED] or serving
+        matches = match_all(view, request.prompt_hashes)
         costs = [
-            worker_cost(request, n, Phase.AGGREGATED, self.config)
+            worker_cost(request, n, Phase.AGGREGATED, self.config, match=matches.get(n.node_id))
             for n in eligible(nodes, self.config)
         ]
         chosen = select_worker(costs, self.config.temperature, self._rng)

@@ -70,6 +70,7 @@ def worker_cost(
     config: KvRouterConfig,
     decode_overlap_credit: bool = False,
     extra_decode_blocks: float = 0.0,
+    match: PrefixMatch | None = None,
 ) -> WorkerCost:
     """Dynamo's logit for `node` (lower is better).
 
@@ -80,7 +81,8 @@ def worker_cost(
     the decode worker it picks is cache-hot). `extra_decode_blocks` adds router-tracked
     expected output blocks (the `osl` hint).
     """
-    match = node.match_prefix(request.prompt_hashes)
+    if match is None:  # the caller may pass it from the cluster-wide block index
+        match = node.match_prefix(request.prompt_hashes)
     credit = overlap_credit_blocks(match, config)
     decode_blocks = node.num_decode_blocks + extra_decode_blocks
     if phase is Phase.DECODE:

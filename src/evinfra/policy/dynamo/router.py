@@ -11,8 +11,9 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from evinfra.core.kv_pool import PrefixMatch
 from evinfra.core.types import Request, Role, Route
-from evinfra.policy.base import ClusterView, NodeView
+from evinfra.policy.base import ClusterView, NodeView, match_all
 from evinfra.policy.dynamo.cost import (
     KvRouterConfig,
     Phase,
@@ -47,24 +48,30 @@ class DynamoRouter:
             raise RuntimeError("no node is serving")
         decodes = _with_role(serving, Role.DECODE) or _with_role(serving, Role.MIXED) or serving
         prefills = _with_role(serving, Role.PREFILL)
-        decode = self._choose(request, decodes, Phase.DECODE, now_s)
+        matches = match_all(view, request.prompt_hashes)
+        decode = self._choose(request, decodes, Phase.DECODE, now_s, matches)
         block_size = _node(decodes, decode.node_id).block_size
         local = not prefills or self.disagg.runs_locally(
             request.num_prompt_tokens, decode.match.num_device_blocks, block_size
         )
         prefill_id = decode.node_id
         if not local:
-            prefill_id = self._choose(request, prefills, Phase.PREFILL, now_s).node_id
+            prefill_id = self._choose(request, prefills, Phase.PREFILL, now_s, matches).node_id
         self._record(request, decode.node_id, block_size)
         return Route(prefill_id, decode.node_id)
 
     def _choose(
-        self, request: Request, nodes: Sequence[NodeView], phase: Phase, now_s: float
+        self,
+        request: Request,
+        nodes: Sequence[NodeView],
+        phase: Phase,
+        now_s: float,
+        matches: dict[int, PrefixMatch],
     ) -> WorkerCost:
         sticky = self._sticky(request, nodes, phase, now_s)
         if sticky is not None:
-            return self._cost(request, sticky, phase)
-        costs = [self._cost(request, n, phase) for n in eligible(nodes, self.config)]
+            return self._cost(request, sticky, phase, matches)
+        costs = [self._cost(request, n, phase, matches) for n in eligible(nodes, self.config)]
         chosen = select_worker(costs, self.config.temperature, self._rng)
         affinity = self.agent.affinity if self.agent is not None else None
         if affinity is not None and request.session_id is not None:
@@ -87,7 +94,9 @@ class DynamoRouter:
         affinity.invalidate(request.session_id, phase)
         return None
 
-    def _cost(self, request: Request, node: NodeView, phase: Phase) -> WorkerCost:
+    def _cost(
+        self, request: Request, node: NodeView, phase: Phase, matches: dict[int, PrefixMatch]
+    ) -> WorkerCost:
         extra = 0.0
         if self.agent is not None and self.agent.output is not None and phase is Phase.DECODE:
             extra = float(self.agent.output.num_blocks(node.node_id))
@@ -98,6 +107,7 @@ class DynamoRouter:
             self.config,
             decode_overlap_credit=self.disagg.enabled,
             extra_decode_blocks=extra,
+            match=matches.get(node.node_id),
         )
 
     def _record(self, request: Request, decode_id: int, block_size: int) -> None:
