@@ -141,12 +141,6 @@ class KVPool:
         self._num_in_use += newly_used
         return ids
 
-    def _take(self, block_id: int) -> None:
-        if self._ref[block_id] == 0:
-            self.eviction.remove(block_id)
-            self._num_in_use += 1
-        self._ref[block_id] += 1
-
     def try_allocate(self, num_blocks: int) -> list[int] | None:
         """Take `num_blocks` empty blocks, evicting cached ones if needed; None if short."""
         if num_blocks > self.num_free_blocks:

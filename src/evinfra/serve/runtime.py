@@ -145,6 +145,23 @@ class LocalCluster:
         return self._now() - self._t0
 
     # -- lifecycle -------------------------------------------------------------------------
+    def _worker_spec(self, node_id: int, role: Role) -> WorkerSpec:
+        """What node `node_id` needs to start (the same for local processes and Ray actors)."""
+        cfg = self.config
+        return WorkerSpec(
+            node_id=node_id,
+            role=role,
+            executor=cfg.executor,
+            num_blocks=cfg.num_blocks,
+            block_size=cfg.block_size,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_num_seqs=cfg.max_num_seqs,
+            max_prefill_chunk_tokens=cfg.max_prefill_chunk_tokens,
+            eviction=_picklable_eviction(self.bundle, node_id),
+            stats_interval_s=cfg.stats_interval_s,
+            check_integrity=cfg.check_integrity,
+        )
+
     async def start(self) -> None:
         """Spawn the workers and wait until each has built its executor."""
         self._loop = asyncio.get_running_loop()
@@ -153,19 +170,7 @@ class LocalCluster:
         self._outbox = ctx.Queue()
         self._inboxes = [ctx.Queue() for _ in range(cfg.num_nodes)]
         for i, role in enumerate(self.bundle.initial_roles):
-            spec = WorkerSpec(
-                node_id=i,
-                role=role,
-                executor=cfg.executor,
-                num_blocks=cfg.num_blocks,
-                block_size=cfg.block_size,
-                max_num_batched_tokens=cfg.max_num_batched_tokens,
-                max_num_seqs=cfg.max_num_seqs,
-                max_prefill_chunk_tokens=cfg.max_prefill_chunk_tokens,
-                eviction=_picklable_eviction(self.bundle, i),
-                stats_interval_s=cfg.stats_interval_s,
-                check_integrity=cfg.check_integrity,
-            )
+            spec = self._worker_spec(i, role)
             proc = ctx.Process(
                 target=worker_main,
                 args=(spec, self._inboxes[i], self._outbox, self._inboxes),

@@ -112,7 +112,7 @@ class Simulation:
         conc = self.workload.concurrency
         if conc is not None:
             for _ in range(conc):
-                self._start_next_arrival(immediate=True)
+                self._start_next_arrival()
         else:
             self._push_next_arrival()
         if self.bundle.planner is not None:
@@ -152,7 +152,7 @@ class Simulation:
         self._start_session(arrival.plan, parent=None)
         self._push_next_arrival()
 
-    def _start_next_arrival(self, immediate: bool) -> None:
+    def _start_next_arrival(self) -> None:
         if self.now_s >= self.settings.horizon_s:
             return
         arrival = next(self._arrivals, None)
@@ -188,7 +188,7 @@ class Simulation:
         elif self.workload.concurrency is not None and finished:
             # a slot whose next call falls past the horizon stays taken until then, as the
             # replay client keeps its session: no fresh session takes its place early
-            self._start_next_arrival(immediate=True)
+            self._start_next_arrival()
 
     def _after_call(self, run: SessionRun, call_index: int) -> None:
         call = run.plan.calls[call_index]

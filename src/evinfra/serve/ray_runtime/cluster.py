@@ -36,9 +36,8 @@ from evinfra.serve.ray_runtime.options import RayOptions
 from evinfra.serve.ray_runtime.recovery import coverage_changes, depends_on, forget_node, resume
 from evinfra.serve.ray_runtime.transport import make_transport
 from evinfra.serve.requests import LiveRequest, RequestHandle, StreamEvent
-from evinfra.serve.runtime import ClusterConfig, LocalCluster, _picklable_eviction
+from evinfra.serve.runtime import ClusterConfig, LocalCluster
 from evinfra.serve.view import NodeState
-from evinfra.serve.worker import WorkerSpec
 
 log = logging.getLogger(__name__)
 
@@ -98,19 +97,7 @@ class RayCluster(LocalCluster):
         if opts.node_resources:
             actor_options["resources"] = dict(opts.node_resources)
         for i, role in enumerate(self.bundle.initial_roles):
-            spec = WorkerSpec(
-                node_id=i,
-                role=role,
-                executor=cfg.executor,
-                num_blocks=cfg.num_blocks,
-                block_size=cfg.block_size,
-                max_num_batched_tokens=cfg.max_num_batched_tokens,
-                max_num_seqs=cfg.max_num_seqs,
-                max_prefill_chunk_tokens=cfg.max_prefill_chunk_tokens,
-                eviction=_picklable_eviction(self.bundle, i),
-                stats_interval_s=cfg.stats_interval_s,
-                check_integrity=cfg.check_integrity,
-            )
+            spec = self._worker_spec(i, role)
             self.actors.append(NodeActor.options(**actor_options).remote(spec, self.transport))
         refs = [actor.connect.remote(self.actors) for actor in self.actors]
         try:
