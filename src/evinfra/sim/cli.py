@@ -123,6 +123,18 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     p = sub.add_parser("sim", help="simulate one system on a cluster and workload")
     p.add_argument("--system", help="evolving | dynamo | dynamo-agentic | aggregated | oracle ...")
     add_common_sim_flags(p)
+    p.add_argument(
+        "--api-overhead-s",
+        type=float,
+        dest="api_overhead_s",
+        help="fixed per-request API/frontend time (default 0)",
+    )
+    p.add_argument(
+        "--handoff-overhead-s",
+        type=float,
+        dest="handoff_overhead_s",
+        help="fixed time per disaggregated hand-off (default 0)",
+    )
     p.add_argument("--out", help="directory for summary.json, config.json, timeseries.json")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(handler=run_sim_command)
@@ -131,7 +143,7 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
 OVERRIDE_KEYS = (
     "system", "workload", "trace", "rate_scale", "session_rate", "concurrency", "num_sessions",
     "hints", "model", "gpu", "num_gpus", "gpus_per_node", "cost_model", "duration_s",
-    "warmup_s", "seed",
+    "warmup_s", "seed", "api_overhead_s", "handoff_overhead_s",
 )  # fmt: skip
 
 

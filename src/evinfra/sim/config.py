@@ -46,6 +46,12 @@ class SimConfig(BaseModel):
     sample_interval_s: float = Field(10.0, gt=0)
     kv_tick_s: float = Field(1.0, gt=0)
     check_integrity: bool = False
+    api_overhead_s: float = Field(
+        0.0, ge=0, description="fixed per-request time in the API/frontend (TTFT and e2e)"
+    )
+    handoff_overhead_s: float = Field(
+        0.0, ge=0, description="fixed time per disaggregated hand-off, after its KV transfer"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SimConfig:

@@ -153,6 +153,8 @@ def build_simulation(
             sample_interval_s=cfg.sample_interval_s,
             kv_tick_s=cfg.kv_tick_s,
             check_integrity=cfg.check_integrity,
+            api_overhead_s=cfg.api_overhead_s,
+            handoff_overhead_s=cfg.handoff_overhead_s,
         ),
         progress=progress,
     )

@@ -46,6 +46,13 @@ class SimSettings:
     sample_interval_s: float = 10.0
     kv_tick_s: float = 1.0
     check_integrity: bool = False
+    api_overhead_s: float = 0.0
+    """Fixed time from a call being sent to the system seeing it (HTTP, frontend, the
+    first token's way back), added to each request's TTFT and end-to-end latency; 0 at
+    cluster scale, where it is small against the step times."""
+    handoff_overhead_s: float = 0.0
+    """Fixed time a disaggregated hand-off adds after its KV transfer (the protocol's
+    messages and the step boundaries they wait for), before the first token."""
 
 
 class _View:
@@ -104,6 +111,8 @@ class Simulation:
         self._last_seen = [0] * len(nodes)
         self._max_node_blocks = max(n.sched.num_device_blocks for n in nodes)
         self._held: list[tuple[SessionRun, int, Request]] = []
+        self._num_admitting = 0
+        """Calls sent and not yet past the API overhead."""
         self._last_cached = [0] * len(nodes)
 
     # -- running ------------------------------------------------------------------------
@@ -133,7 +142,10 @@ class Simulation:
 
     def _drained(self) -> bool:
         return (
-            self.events.now_s >= self.settings.horizon_s and not self._inflight and not self._held
+            self.events.now_s >= self.settings.horizon_s
+            and not self._inflight
+            and not self._held
+            and not self._num_admitting
         )
 
     @property
@@ -216,6 +228,20 @@ class Simulation:
         self.metrics.records[rid] = RequestRecord(
             rid, run.plan.session_id, run.kind, now, req.num_prompt_tokens, req.max_output_tokens
         )
+        delay_s = self.settings.api_overhead_s
+        if delay_s:
+            self._num_admitting += 1
+            self.events.push(now + delay_s, Phase.CALL, lambda: self._admit_late(run, index, req))
+        else:
+            self._admit(run, index, req)
+
+    def _admit_late(self, run: SessionRun, index: int, req: Request) -> None:
+        self._num_admitting -= 1
+        self._admit(run, index, req)
+
+    def _admit(self, run: SessionRun, index: int, req: Request) -> None:
+        """The frontend has the request: the KV manager and planner see it, then route."""
+        now = self.now_s
         self._apply_kv(self.bundle.kv_manager.on_arrival(req, now))
         if self.bundle.planner is not None:
             self.bundle.planner.observe(RequestArrived(req, now))
@@ -399,6 +425,8 @@ class Simulation:
         node = self.nodes[dst]
         num_bytes = num_blocks * node.sched.block_size * node.cost.kv_bytes_per_token
         end = self.links.schedule(self.now_s, src, dst, num_bytes, num_blocks)
+        if not migrate:
+            end += self.settings.handoff_overhead_s  # not on the wire: the link is free
         self.metrics.records[rid].num_transfer_bytes += num_bytes
         self.events.push(
             end, Phase.TRANSFER_DONE, lambda: self._on_transfer_done(src, dst, rid, migrate)
