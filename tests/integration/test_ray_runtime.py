@@ -12,7 +12,7 @@ dashboard, a 100 MiB object store; node actors declare half a CPU each).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -265,6 +265,51 @@ def test_without_retries_requests_of_a_killed_node_fail_with_a_clear_error() -> 
         assert error is not None and error.startswith("node 1 died (ActorDiedError")
         assert 5 <= len(out) < len(ref) and out == ref[: len(out)]
     assert cluster.metrics.num_failed == 2 and cluster.num_resumed == 0
+
+
+# -- the planner actor ----------------------------------------------------------------------
+async def wait_until(check: Callable[[], bool]) -> None:
+    async with asyncio.timeout(TIMEOUT_S):
+        while not check():
+            await asyncio.sleep(0.02)
+
+
+def test_killed_planner_actor_is_replaced_and_requests_still_complete(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The planner runs in its own actor, fed by the frontend; killing it does not touch
+    the request path, and the frontend starts a new one (seeded from its KV manager)."""
+    cfg = config("evolving", {"planner_interval_s": 0.2}, kv_tick_s=0.1)
+
+    async def run(cluster: RayCluster) -> None:
+        await cluster.start()
+        try:
+            planner = cluster.planner
+            assert planner is not None and planner.actor is not None
+            ref, error = await collect(cluster.generate(prompt(41, 30), 20))
+            assert error is None and len(ref) == 20
+            await wait_until(lambda: planner.num_plan_calls >= 3)
+            events, plans = await planner.counts()
+            assert events >= 3 and plans >= 1  # the arrival, the finish, KV ticks
+            old = planner.actor
+            ray.kill(old)
+            tokens, error = await collect(cluster.generate(prompt(41, 30), 20))
+            assert error is None and tokens == ref
+            await wait_until(lambda: planner.num_restarts == 1)
+            assert planner.actor is not old and not planner.in_process
+            num_calls = planner.num_plan_calls
+            await wait_until(lambda: planner.num_plan_calls >= num_calls + 2)
+            assert (await planner.counts())[1] >= 1  # the new actor plans
+            tokens, error = await collect(cluster.generate(prompt(42, 30), 20))
+            assert error is None and len(tokens) == 20
+            assert cluster.metrics.num_failed == 0 and cluster.metrics.num_node_failures == 0
+        finally:
+            await cluster.stop()
+
+    with caplog.at_level("WARNING"):
+        asyncio.run(run(RayCluster(cfg, NODE_OPTIONS)))
+    assert "planner actor died (ActorDiedError" in caplog.text
+    assert "restart 1 of 3" in caplog.text
 
 
 # -- the HTTP frontend -----------------------------------------------------------------------

@@ -328,10 +328,7 @@ class LocalCluster:
         generation = Generation(tuple(prompt_ids), stop_token_ids, sampling)
         handle = RequestHandle(rid, len(prompt_ids), self._abort_handle)
         live = LiveRequest(request, generation, handle, arrival_s=self.now_s())
-        now = self.now_s()
-        self._apply_kv(self.bundle.kv_manager.on_arrival(request, now))
-        if self.bundle.planner is not None:
-            self.bundle.planner.observe(RequestArrived(request, now))
+        self._policies_on_arrival(request, self.now_s())
         self._submit(live)
         return handle
 
@@ -406,9 +403,7 @@ class LocalCluster:
         self.metrics.num_prompt_tokens += live.request.num_prompt_tokens
         self.metrics.num_cached_prompt_tokens += live.num_cached_tokens
         self.metrics.e2e_s.observe(now - live.arrival_s)
-        self._apply_kv(self.bundle.kv_manager.on_finish(live.request, node_id, now))
-        if self.bundle.planner is not None:
-            self.bundle.planner.observe(finished_observation(live, now))
+        self._policies_on_finish(live, node_id, now)
 
     def _clear_incoming(self, live: LiveRequest) -> None:
         if live.route is not None:
@@ -475,12 +470,35 @@ class LocalCluster:
         self._submit(live)
 
     # -- policies --------------------------------------------------------------------------
+    # The four `_policies_*` / `_plan` methods are where the frontend calls the bundle's
+    # KV manager and planner; the ray runtime overrides them to run the planner in an actor.
+    def _policies_on_arrival(self, request: Request, now: float) -> None:
+        """A request reached the frontend: apply the KV manager's actions, tell the planner."""
+        self._apply_kv(self.bundle.kv_manager.on_arrival(request, now))
+        if self.bundle.planner is not None:
+            self.bundle.planner.observe(RequestArrived(request, now))
+
+    def _policies_on_finish(self, live: LiveRequest, node_id: int, now: float) -> None:
+        """A request's last token is out on `node_id`: the same, for its finish."""
+        self._apply_kv(self.bundle.kv_manager.on_finish(live.request, node_id, now))
+        if self.bundle.planner is not None:
+            self.bundle.planner.observe(finished_observation(live, now))
+
+    def _policies_on_tick(self, now: float) -> None:
+        """The KV manager's periodic pass: apply its actions."""
+        self._apply_kv(self.bundle.kv_manager.on_tick(self.view, now))
+
+    async def _plan(self, now: float) -> list[RoleChange]:
+        """The planner's role changes for the current view (none without a planner)."""
+        planner = self.bundle.planner
+        return [] if planner is None else planner.plan(self.view, now)
+
     async def _plan_loop(self) -> None:
         planner = self.bundle.planner
         assert planner is not None
         while True:
             await asyncio.sleep(planner.interval_s)
-            for change in planner.plan(self.view, self.now_s()):
+            for change in await self._plan(self.now_s()):
                 self.apply_role_change(change)
 
     def apply_role_change(self, change: RoleChange) -> bool:
@@ -503,7 +521,7 @@ class LocalCluster:
     async def _kv_tick_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.kv_tick_s)
-            self._apply_kv(self.bundle.kv_manager.on_tick(self.view, self.now_s()))
+            self._policies_on_tick(self.now_s())
 
     def _apply_kv(self, actions: list[KVAction]) -> None:
         for action in actions:

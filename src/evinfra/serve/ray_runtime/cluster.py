@@ -28,14 +28,16 @@ from typing import Any
 
 import ray
 
-from evinfra.core.types import RoleChange
+from evinfra.core.types import Request, RoleChange
+from evinfra.policy.base import RequestArrived
 from evinfra.serve.protocol import FinishReason, TokensOut
 from evinfra.serve.ray_runtime.links import FRONTEND, ActorLink
 from evinfra.serve.ray_runtime.node_actor import NodeActor
 from evinfra.serve.ray_runtime.options import RayOptions
+from evinfra.serve.ray_runtime.planner_actor import RemotePlanner
 from evinfra.serve.ray_runtime.recovery import coverage_changes, depends_on, forget_node, resume
 from evinfra.serve.ray_runtime.transport import make_transport
-from evinfra.serve.requests import LiveRequest, RequestHandle, StreamEvent
+from evinfra.serve.requests import LiveRequest, RequestHandle, StreamEvent, finished_observation
 from evinfra.serve.runtime import ClusterConfig, LocalCluster
 from evinfra.serve.view import NodeState
 
@@ -82,6 +84,12 @@ class RayCluster(LocalCluster):
         self._owns_ray = False
         self._streamed: dict[RequestHandle, list[int]] = {}
         self.num_resumed = 0
+        self.planner: RemotePlanner | None = None
+        """The planner actor's handle (None: the bundle has no planner)."""
+        if self.bundle.planner is not None:
+            self.planner = RemotePlanner(
+                self.bundle, self.options.num_cpus_for_planner, self.options.max_planner_restarts
+            )
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -111,7 +119,8 @@ class RayCluster(LocalCluster):
             self.nodes.append(NodeState(i, stats))
         self._inboxes = [ActorLink(FRONTEND, actor, self.transport) for actor in self.actors]
         self._spawn_thread(self._poll_nodes, "evinfra-ray-poll")
-        if self.bundle.planner is not None:
+        if self.planner is not None:
+            self.planner.start()
             self._tasks.append(asyncio.create_task(self._plan_loop()))
         self._tasks.append(asyncio.create_task(self._kv_tick_loop()))
         self.started = True
@@ -138,6 +147,8 @@ class RayCluster(LocalCluster):
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
         self.actors = []
+        if self.planner is not None:
+            self.planner.close()
         self._inboxes = []
         self.started = False
         if self._owns_ray:
@@ -191,6 +202,27 @@ class RayCluster(LocalCluster):
         self._streamed.pop(handle, None)
         super()._abort_handle(handle)
 
+    # -- policies: the KV manager here, the planner in its actor ----------------------------
+    def _policies_on_arrival(self, request: Request, now: float) -> None:
+        self._apply_kv(self.bundle.kv_manager.on_arrival(request, now))
+        if self.planner is not None:
+            self.planner.arrived(RequestArrived(request, now))
+
+    def _policies_on_finish(self, live: LiveRequest, node_id: int, now: float) -> None:
+        self._apply_kv(self.bundle.kv_manager.on_finish(live.request, node_id, now))
+        if self.planner is not None:
+            self.planner.finished(node_id, finished_observation(live, now))
+
+    def _policies_on_tick(self, now: float) -> None:
+        super()._policies_on_tick(now)
+        if self.planner is not None:
+            self.planner.ticked(self.view, now)
+
+    async def _plan(self, now: float) -> list[RoleChange]:
+        if self.planner is None:
+            return []
+        return await self.planner.plan(self.view, now)
+
     # -- failures --------------------------------------------------------------------------
     def _on_node_death(self, node_id: int) -> None:
         self._on_actor_death(node_id, "killed")
@@ -217,13 +249,16 @@ class RayCluster(LocalCluster):
                 self._resume(live, node_id)
 
     def _rebalance(self) -> None:
-        """Re-plan now (the planner sees the dead node), then cover any missing role."""
-        changes: list[RoleChange] = []
-        if self.bundle.planner is not None:
-            changes.extend(self.bundle.planner.plan(self.view, self.now_s()))
-        for change in changes:
-            self.apply_role_change(change)
+        """Cover any missing role now (the requests about to be resumed need a prefill
+        and a decode node), and ask the planner to re-plan on the view without the dead
+        node (its changes apply when its actor answers)."""
         for change in coverage_changes(self.nodes):
+            self.apply_role_change(change)
+        if self.planner is not None:
+            self._tasks.append(asyncio.create_task(self._replan()))
+
+    async def _replan(self) -> None:
+        for change in await self._plan(self.now_s()):
             self.apply_role_change(change)
 
     def _resume(self, live: LiveRequest, node_id: int) -> None:

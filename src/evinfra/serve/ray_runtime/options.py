@@ -27,6 +27,10 @@ class RayOptions:
     """A new local Ray session: CPUs it may use."""
     object_store_memory_bytes: int = 100 * MIB
     """A new local Ray session: its object store (KV in flight lives there)."""
+    num_cpus_for_planner: float = 0.1
+    """CPUs the planner actor declares (it plans every few seconds: little)."""
+    max_planner_restarts: int = 3
+    """Planner actor deaths the frontend replaces; after that it plans itself."""
     poll_timeout_s: float = 0.5
     stop_timeout_s: float = 5.0
 
