@@ -11,7 +11,11 @@ per-request overhead of the ray runtime against `local` on the same workload.
 2. Workload: the same sequential requests through `LocalCluster` and `RayCluster` (timed
    executor at near-zero step time, so the runtime's own cost shows; 2 nodes; the
    `dynamo` bundle disaggregated, so every request moves KV, and `round-robin`
-   aggregated). Reports TTFT and end-to-end latency, and ray minus local.
+   aggregated, and `evolving` with its planner in an actor). Reports TTFT and
+   end-to-end latency, and ray minus local.
+3. Control plane: the planner actor's calls for `evolving` on 32 nodes: shipping 1,000
+   control events (`replay`) and planning on a snapshot of every node (`plan`), with
+   their sizes.
 
 Runs in one local Ray session (2 CPUs, 100 MiB object store, no dashboard): about a
 minute on an idle 2-core machine.
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import pickle
 import statistics
 import sys
 import time
@@ -30,10 +35,21 @@ from typing import Any
 import numpy as np
 import ray
 
-from evinfra.serve.executors import ExecutorSpec
+from evinfra.core.types import AgentHints, Request, Role
+from evinfra.policy.base import RequestArrived, RequestFinished
+from evinfra.policy.bundle import ClusterShape, make_system
+from evinfra.serve.executors import ExecutorSpec, node_cost_model
 from evinfra.serve.protocol import KVPayload
 from evinfra.serve.ray_runtime.cluster import RayCluster
+from evinfra.serve.ray_runtime.control import (
+    Arrived,
+    ClusterSnapshot,
+    ControlEvent,
+    Finished,
+    NodeSnapshot,
+)
 from evinfra.serve.ray_runtime.options import RayOptions
+from evinfra.serve.ray_runtime.planner_actor import RemotePlanner
 from evinfra.serve.ray_runtime.transport import (
     InlineKVTransport,
     KVDescriptor,
@@ -52,7 +68,11 @@ SYSTEMS: dict[str, tuple[str, dict[str, object]]] = {
         {"num_prefill_nodes": 1, "conditional_disagg": False, "planner": "none"},
     ),
     "aggregated": ("round-robin", {}),
+    # the planner in its actor: per request the frontend only buffers two events
+    "evolving (planner actor)": ("evolving", {"planner_interval_s": 0.5}),
 }
+CONTROL_NODES = 32
+CONTROL_EVENTS = 1000
 
 
 # -- 1. transport ------------------------------------------------------------------------
@@ -154,7 +174,10 @@ def workload_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     )  # fmt: skip
     rows: list[dict[str, Any]] = []
     for label, (system, options) in SYSTEMS.items():
-        cfg = ClusterConfig(spec, num_nodes=2, system=system, system_options=dict(options))
+        cfg = ClusterConfig(
+            spec, num_nodes=2, system=system, system_options=dict(options),
+            cost_model=node_cost_model(spec, 16), kv_tick_s=0.2,
+        )  # fmt: skip
         clusters: dict[str, LocalCluster] = {
             "local": LocalCluster(cfg),
             "ray": RayCluster(cfg, RayOptions(num_cpus_per_node=0.5)),
@@ -177,6 +200,51 @@ def workload_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+# -- 3. control plane --------------------------------------------------------------------
+def control_rows(repeats: int) -> dict[str, Any]:
+    """The planner actor's two calls for the `evolving` bundle on 32 nodes: shipping a KV
+    tick's worth of events (`replay`), and a plan on a snapshot of every node (`plan`)."""
+    spec = ExecutorSpec(kind="timed", model="tiny")
+    shape = ClusterShape(
+        num_nodes=CONTROL_NODES, block_size=16, num_device_blocks_per_node=4096,
+        num_host_blocks_per_node=0, kv_bytes_per_token=1024, max_num_batched_tokens=2048,
+        max_num_seqs=64, cost_model=node_cost_model(spec, 16),
+    )  # fmt: skip
+    bundle = make_system("evolving", shape, {})
+    remote = RemotePlanner(bundle, num_cpus=0.1)
+    remote.start()
+    snapshot = ClusterSnapshot(
+        tuple(NodeSnapshot(i, Role.MIXED, True, 16, 4096, 3000, 1096, 4000, 2, 20, 900,
+                           14000) for i in range(CONTROL_NODES))
+    )  # fmt: skip
+    events: list[ControlEvent] = []
+    for rid in range(1, CONTROL_EVENTS // 2 + 1):
+        request = Request(rid, tuple(range(rid * 100, rid * 100 + 64)), 1024, 200,
+                          hints=AgentHints(f"s{rid % 50}", expected_tool_s=5.0))  # fmt: skip
+        events.append(Arrived(RequestArrived(request, rid * 0.01)))
+        finished = RequestFinished(request, rid * 0.01 + 1.0, 512, 0.1, 1.0, 0.01)
+        events.append(Finished(rid % CONTROL_NODES, finished))
+    replay_s, plan_s = [], []
+    for rep in range(repeats + 1):
+        start = time.perf_counter()
+        ray.get(remote.actor.replay.remote(events))
+        replay = time.perf_counter() - start
+        start = time.perf_counter()
+        ray.get(remote.actor.plan.remote([], snapshot, 100.0 + rep))
+        if rep:
+            replay_s.append(replay)
+            plan_s.append(time.perf_counter() - start)
+    remote.close()
+    return {
+        "num_nodes": CONTROL_NODES,
+        "num_events": len(events),
+        "event_bytes": len(pickle.dumps(events)) / len(events),
+        "snapshot_bytes": len(pickle.dumps(snapshot)),
+        "replay_ms": 1000 * statistics.median(replay_s),
+        "plan_ms": 1000 * statistics.median(plan_s),
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--num-requests", type=int, default=60)
@@ -195,6 +263,7 @@ def main() -> int:
             "ray_version": ray.__version__,
             "transport": transport_rows(args.repeats),
             "workload": workload_rows(args),
+            "control": control_rows(args.repeats),
             "settings": vars(args),
         }
     finally:

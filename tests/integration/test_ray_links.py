@@ -256,11 +256,11 @@ def test_ray_flags_become_options() -> None:
     p = argparse.ArgumentParser()
     add_ray_flags(p)
     flags = "--address auto --num-gpus-per-node 8 --node-resource rack-0=1 --kv-transport inline"
-    args = p.parse_args([*flags.split(), "--object-store-mb", "64"])
+    args = p.parse_args([*flags.split(), "--object-store-mb", "64", "--max-planner-restarts", "1"])
     opts = ray_options(args)
     assert opts == RayOptions(
         address="auto", num_gpus_per_node=8.0, node_resources={"rack-0": 1.0},
-        transport="inline", object_store_memory_bytes=64 * 1024 * 1024,
+        transport="inline", object_store_memory_bytes=64 * 1024 * 1024, max_planner_restarts=1,
     )  # fmt: skip
     with pytest.raises(ValueError, match="NAME=AMOUNT"):
         ray_options(p.parse_args(["--node-resource", "rack-0"]))

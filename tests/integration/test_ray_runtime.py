@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -229,6 +229,9 @@ async def kill_mid_stream(cluster: RayCluster, victim: int) -> Killed:
         assert [r.node_id for r in reports] == [1 - victim]
         assert all(r.ok and r.is_idle for r in reports), reports
         assert cluster.metrics.num_node_failures == 1 and cluster.num_live_requests == 0
+        if cluster.planner is not None:  # the planner actor re-planned without the node
+            await wait_until(lambda: cluster.num_replans == 1)
+            assert cluster.planner.num_restarts == 0
         return Killed(refs, errors, streams, num_dependent)
     finally:
         await cluster.stop()
@@ -274,12 +277,15 @@ async def wait_until(check: Callable[[], bool]) -> None:
             await asyncio.sleep(0.02)
 
 
+@pytest.mark.parametrize("max_restarts", [3, 0])
 def test_killed_planner_actor_is_replaced_and_requests_still_complete(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, max_restarts: int
 ) -> None:
     """The planner runs in its own actor, fed by the frontend; killing it does not touch
-    the request path, and the frontend starts a new one (seeded from its KV manager)."""
+    the request path, and the frontend starts a new one (seeded from its KV manager), or,
+    with no restarts allowed, plans in its own process from then on."""
     cfg = config("evolving", {"planner_interval_s": 0.2}, kv_tick_s=0.1)
+    options = replace(NODE_OPTIONS, max_planner_restarts=max_restarts)
 
     async def run(cluster: RayCluster) -> None:
         await cluster.start()
@@ -295,11 +301,15 @@ def test_killed_planner_actor_is_replaced_and_requests_still_complete(
             ray.kill(old)
             tokens, error = await collect(cluster.generate(prompt(41, 30), 20))
             assert error is None and tokens == ref
-            await wait_until(lambda: planner.num_restarts == 1)
-            assert planner.actor is not old and not planner.in_process
-            num_calls = planner.num_plan_calls
-            await wait_until(lambda: planner.num_plan_calls >= num_calls + 2)
-            assert (await planner.counts())[1] >= 1  # the new actor plans
+            if max_restarts == 0:
+                await wait_until(lambda: planner.in_process)
+                assert planner.actor is None and planner.num_restarts == 0
+            else:
+                await wait_until(lambda: planner.num_restarts == 1)
+                assert planner.actor is not old and not planner.in_process
+                num_calls = planner.num_plan_calls
+                await wait_until(lambda: planner.num_plan_calls >= num_calls + 2)
+                assert (await planner.counts())[1] >= 1  # the new actor plans
             tokens, error = await collect(cluster.generate(prompt(42, 30), 20))
             assert error is None and len(tokens) == 20
             assert cluster.metrics.num_failed == 0 and cluster.metrics.num_node_failures == 0
@@ -307,9 +317,12 @@ def test_killed_planner_actor_is_replaced_and_requests_still_complete(
             await cluster.stop()
 
     with caplog.at_level("WARNING"):
-        asyncio.run(run(RayCluster(cfg, NODE_OPTIONS)))
+        asyncio.run(run(RayCluster(cfg, options)))
     assert "planner actor died (ActorDiedError" in caplog.text
-    assert "restart 1 of 3" in caplog.text
+    if max_restarts == 0:
+        assert "planning in the frontend from now on" in caplog.text
+    else:
+        assert "restart 1 of 3" in caplog.text
 
 
 # -- the HTTP frontend -----------------------------------------------------------------------

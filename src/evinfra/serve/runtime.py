@@ -11,7 +11,6 @@ sentinel: its requests are resent to another node if nothing was streamed yet, e
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import multiprocessing
 import threading
@@ -98,7 +97,16 @@ class ClusterConfig:
 
 
 class LocalCluster:
-    """Node workers plus the policies that drive them. Call from one asyncio loop."""
+    """Node workers plus the policies that drive them. Call from one asyncio loop.
+
+    A runtime that puts nodes or policies elsewhere subclasses it, keeping routing, views,
+    request bookkeeping and metrics, through this protected interface. Nodes: override
+    `_start_nodes`, `_stop_nodes`; build nodes from `_worker_spec`; fill `nodes`,
+    `_inboxes` (node i's `put(msg)`), `_pids`; feed the loop with `_deliver_from_thread`,
+    `_report_death_from_thread` (`_spawn_thread` threads end once `_stopping` is set).
+    Failures: override `_on_node_death`; use `_live`, `_fail`, `_retry`, `_resubmit`,
+    `_take_rid`. Policies: override `_policies_on_arrival`, `_policies_on_finish`,
+    `_policies_on_tick`, `_plan`, `_start_policy_loops`; apply with `_apply_kv`."""
 
     def __init__(self, config: ClusterConfig, now: Callable[[], float] = time.monotonic) -> None:
         self.config = config
@@ -106,16 +114,13 @@ class LocalCluster:
         self._now = now
         self._t0 = now()
         shape = ClusterShape(
-            num_nodes=config.num_nodes,
-            block_size=config.block_size,
-            num_device_blocks_per_node=config.num_blocks,
-            num_host_blocks_per_node=0,
+            num_nodes=config.num_nodes, block_size=config.block_size,
+            num_device_blocks_per_node=config.num_blocks, num_host_blocks_per_node=0,
             kv_bytes_per_token=config.kv_bytes_per_token,
             max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            cost_model=config.cost_model,
+            max_num_seqs=config.max_num_seqs, cost_model=config.cost_model,
             transfer_time_s=local_transfer_time_s,
-        )
+        )  # fmt: skip
         self.bundle: SystemBundle = make_system(self.system, shape, dict(config.system_options))
         if len(self.bundle.initial_roles) != config.num_nodes:
             raise ValueError(f"system {self.system} gave {len(self.bundle.initial_roles)} roles")
@@ -163,8 +168,15 @@ class LocalCluster:
         )
 
     async def start(self) -> None:
-        """Spawn the workers and wait until each has built its executor."""
+        """Start the nodes, wait until each has built its executor, start the policy loops."""
         self._loop = asyncio.get_running_loop()
+        await self._start_nodes()
+        self._start_policy_loops()
+        self.started = True
+
+    async def _start_nodes(self) -> None:
+        """Start a node per initial role; return once `nodes` has each one's state (else
+        stop them and raise RuntimeError). Here: processes, watched and read on threads."""
         ctx = multiprocessing.get_context("spawn")
         cfg = self.config
         self._outbox = ctx.Queue()
@@ -189,10 +201,11 @@ class LocalCluster:
         if self._start_error is not None:
             await self.stop()
             raise RuntimeError(f"a worker failed to start:\n{self._start_error}")
+
+    def _start_policy_loops(self) -> None:
         if self.bundle.planner is not None:
             self._tasks.append(asyncio.create_task(self._plan_loop()))
         self._tasks.append(asyncio.create_task(self._kv_tick_loop()))
-        self.started = True
 
     def _spawn_thread(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -200,16 +213,19 @@ class LocalCluster:
         self._threads.append(thread)
 
     async def stop(self, timeout_s: float = 10.0) -> None:
-        """Ask every worker to stop, wait for them, kill the ones that do not exit."""
+        """Stop the policy loops, fail what is in flight, stop the nodes."""
         self._closing = True
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         for live in list(self._live.values()):
             self._fail(live, "server shutting down")
+        await self._stop_nodes(timeout_s)
+        self.started = False
+
+    async def _stop_nodes(self, timeout_s: float) -> None:
+        """Ask each worker to stop, wait for it, kill it if it does not exit in time."""
         for inbox, proc in zip(self._inboxes, self._procs, strict=True):
             if proc.is_alive():
                 inbox.put(Shutdown())
@@ -234,7 +250,6 @@ class LocalCluster:
         self._inboxes = []
         self._outbox = None
         self._procs = []
-        self.started = False
 
     @property
     def worker_pids(self) -> list[int]:
@@ -246,7 +261,6 @@ class LocalCluster:
 
     # -- threads -> loop -------------------------------------------------------------------
     def _read_outbox(self) -> None:
-        assert self._loop is not None
         while not self._stopping.is_set():
             try:
                 batch = self._outbox.get()
@@ -254,17 +268,27 @@ class LocalCluster:
                 return
             if batch is None:
                 return
-            self._loop.call_soon_threadsafe(self._dispatch_batch, batch)
+            self._deliver_from_thread(batch)
 
     def _watch_processes(self) -> None:
-        assert self._loop is not None
         pending = {p.sentinel: i for i, p in enumerate(self._procs)}
         while pending and not self._stopping.is_set():
             for sentinel in wait_sentinels(list(pending), timeout=0.5):
                 node_id = pending.pop(sentinel)
                 self._procs[node_id].join(1.0)  # reap it, so its exit code is known
                 if not self._stopping.is_set():
-                    self._loop.call_soon_threadsafe(self._on_node_death, node_id)
+                    reason = f"exit code {self._procs[node_id].exitcode}"
+                    self._report_death_from_thread(node_id, reason)
+
+    def _deliver_from_thread(self, batch: list[Any]) -> None:
+        """Hand a batch of a node's messages to the frontend's loop (from any thread)."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._dispatch_batch, batch)
+
+    def _report_death_from_thread(self, node_id: int, reason: str) -> None:
+        """Tell the frontend's loop that node `node_id` died (from any thread)."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._on_node_death, node_id, reason)
 
     def _dispatch_batch(self, batch: list[Any]) -> None:
         for msg in batch:
@@ -432,12 +456,12 @@ class LocalCluster:
         self.metrics.num_aborted += 1
         self._abort_on_nodes(live)
 
-    def _on_node_death(self, node_id: int) -> None:
+    def _on_node_death(self, node_id: int, reason: str) -> None:
+        """A node died: resend what it was serving that streamed nothing, fail the rest."""
         if self._closing:
             return
         node = self.nodes[node_id] if node_id < len(self.nodes) else None
-        code = self._procs[node_id].exitcode
-        message = f"node {node_id} died (exit code {code})"
+        message = f"node {node_id} died ({reason})"
         log.warning(message)
         if node is None:  # during start-up
             self._start_error = message
@@ -455,23 +479,27 @@ class LocalCluster:
                 self._fail(live, message)
 
     def _retry(self, live: LiveRequest) -> None:
-        old = live.request.request_id
-        self._live.pop(old, None)
-        self._clear_incoming(live)
-        self._abort_on_nodes(live)
-        rid = self._take_rid()
-        live.request = Request(
-            rid, live.request.prompt_hashes, live.request.num_prompt_tokens,
+        """Send `live` again from the start, under a new id."""
+        request = Request(
+            self._take_rid(), live.request.prompt_hashes, live.request.num_prompt_tokens,
             live.request.max_output_tokens, hints=live.request.hints,
         )  # fmt: skip
-        live.handle.request_id = rid
+        self._resubmit(live, request, live.generation)
+
+    def _resubmit(self, live: LiveRequest, request: Request, generation: Generation) -> None:
+        """Drop `live` from its nodes and route it again as `request` (a new id, from
+        `_take_rid`) generating `generation`; counts a retry. Its handle stays."""
+        self._live.pop(live.request.request_id, None)
+        self._clear_incoming(live)
+        self._abort_on_nodes(live)
+        live.request = request
+        live.generation = generation
+        live.handle.request_id = request.request_id
         live.num_retries += 1
         self.metrics.num_retried += 1
         self._submit(live)
 
     # -- policies --------------------------------------------------------------------------
-    # The four `_policies_*` / `_plan` methods are where the frontend calls the bundle's
-    # KV manager and planner; the ray runtime overrides them to run the planner in an actor.
     def _policies_on_arrival(self, request: Request, now: float) -> None:
         """A request reached the frontend: apply the KV manager's actions, tell the planner."""
         self._apply_kv(self.bundle.kv_manager.on_arrival(request, now))
@@ -479,13 +507,11 @@ class LocalCluster:
             self.bundle.planner.observe(RequestArrived(request, now))
 
     def _policies_on_finish(self, live: LiveRequest, node_id: int, now: float) -> None:
-        """A request's last token is out on `node_id`: the same, for its finish."""
         self._apply_kv(self.bundle.kv_manager.on_finish(live.request, node_id, now))
         if self.bundle.planner is not None:
             self.bundle.planner.observe(finished_observation(live, now))
 
     def _policies_on_tick(self, now: float) -> None:
-        """The KV manager's periodic pass: apply its actions."""
         self._apply_kv(self.bundle.kv_manager.on_tick(self.view, now))
 
     async def _plan(self, now: float) -> list[RoleChange]:
@@ -568,9 +594,6 @@ def _picklable_eviction(bundle: SystemBundle, node_id: int) -> Any:
     if isinstance(eviction, LRUEviction):
         return eviction
     if node_id == 0:
-        log.warning(
-            "system %s: eviction %s runs as LRU in the worker processes",
-            bundle.name,
-            type(eviction).__name__,
-        )
+        name = type(eviction).__name__
+        log.warning("system %s: eviction %s runs as LRU in the workers", bundle.name, name)
     return None

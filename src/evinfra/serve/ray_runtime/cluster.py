@@ -1,17 +1,19 @@
-"""The `ray` runtime: the `local` runtime's frontend and policies, with node actors.
+"""The `ray` runtime: the `local` runtime's frontend and policies, with node actors and a
+planner actor.
 
 `RayCluster` is a `LocalCluster` whose transport is Ray: each node is a `NodeActor`
 (the same `NodeWorker` loop), the frontend's inboxes are `ActorLink`s, the outbox is a
 long poll on every actor, and KV moves between actors through a `KVTransport` (Ray's
-object store by default). Routing, the planner, the KV manager, metrics and the request
-bookkeeping are the local runtime's code, unchanged, so both runtimes make the same
-decisions for the same requests.
+object store by default). The planner runs in a `PlannerActor` fed the frontend's control
+events (`planner_actor.py`). Routing, the KV manager (its state is the router's: both read
+and write the session table on every request), metrics and the request bookkeeping are
+the local runtime's code, unchanged, so both runtimes make the same decisions.
 
-When a node actor dies (its poll raises), the frontend forgets the node's blocks, asks the
-planner to re-plan at once and makes sure the survivors still prefill and decode, then
-takes each request that still needs the node (a disaggregated request needs its prefill
-node only until its KV has reached the decode node): one that streamed nothing is resent; one that
-streamed tokens is resumed on another node with its streamed tokens appended to its
+When a node actor dies (its poll raises), the frontend forgets the node's blocks, makes
+sure the survivors still prefill and decode and asks the planner to re-plan, then takes
+each request that still needs the node (a disaggregated request needs its prefill node
+only until its KV has reached the decode node): one that streamed nothing is resent; one
+that streamed tokens is resumed on another node with its streamed tokens appended to its
 prompt (greedy output continues exactly); after `max_retries` it fails with a clear error.
 """
 
@@ -84,6 +86,8 @@ class RayCluster(LocalCluster):
         self._owns_ray = False
         self._streamed: dict[RequestHandle, list[int]] = {}
         self.num_resumed = 0
+        self.num_replans = 0
+        """Plans made at once because a node died."""
         self.planner: RemotePlanner | None = None
         """The planner actor's handle (None: the bundle has no planner)."""
         if self.bundle.planner is not None:
@@ -92,9 +96,8 @@ class RayCluster(LocalCluster):
             )
 
     # -- lifecycle -------------------------------------------------------------------------
-    async def start(self) -> None:
+    async def _start_nodes(self) -> None:
         """Create the node actors, wire them to each other, wait until each is ready."""
-        self._loop = asyncio.get_running_loop()
         self._owns_ray = ensure_ray(self.options)
         cfg, opts = self.config, self.options
         actor_options: dict[str, Any] = {
@@ -113,29 +116,20 @@ class RayCluster(LocalCluster):
         except Exception as exc:
             await self.stop()
             raise RuntimeError(f"a node actor failed to start: {exc}") from exc
-        for i, (ready, stats, pid) in enumerate(replies):
-            self._ready[i] = ready
+        for i, (_ready, stats, pid) in enumerate(replies):
             self._pids.append(pid)
             self.nodes.append(NodeState(i, stats))
         self._inboxes = [ActorLink(FRONTEND, actor, self.transport) for actor in self.actors]
         self._spawn_thread(self._poll_nodes, "evinfra-ray-poll")
+
+    def _start_policy_loops(self) -> None:
         if self.planner is not None:
             self.planner.start()
-            self._tasks.append(asyncio.create_task(self._plan_loop()))
-        self._tasks.append(asyncio.create_task(self._kv_tick_loop()))
-        self.started = True
+        super()._start_policy_loops()
 
-    async def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop every node loop, kill the actors, and leave Ray if this cluster joined it."""
-        self._closing = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
-        for live in list(self._live.values()):
-            self._fail(live, "server shutting down")
+    async def _stop_nodes(self, timeout_s: float) -> None:
+        """Stop every node loop, kill the actors (the planner's too), and leave Ray if
+        this cluster joined it."""
         live_actors = [a for i, a in enumerate(self.actors) if self._node_alive(i)]
         refs = [a.stop.remote(self.options.stop_timeout_s) for a in live_actors]
         with contextlib.suppress(Exception):
@@ -150,7 +144,6 @@ class RayCluster(LocalCluster):
         if self.planner is not None:
             self.planner.close()
         self._inboxes = []
-        self.started = False
         if self._owns_ray:
             ray.shutdown()
             self._owns_ray = False
@@ -165,7 +158,6 @@ class RayCluster(LocalCluster):
     # -- actors -> loop --------------------------------------------------------------------
     def _poll_nodes(self) -> None:
         """One long poll in flight per live node; a poll that raises means a dead node."""
-        assert self._loop is not None
         timeout_s = self.options.poll_timeout_s
         pending = {actor.poll.remote(timeout_s): i for i, actor in enumerate(self.actors)}
         while pending and not self._stopping.is_set():
@@ -176,11 +168,10 @@ class RayCluster(LocalCluster):
                     batches = ray.get(ref)
                 except Exception as exc:
                     if not self._stopping.is_set():
-                        reason = _death_reason(exc)
-                        self._loop.call_soon_threadsafe(self._on_actor_death, node_id, reason)
+                        self._report_death_from_thread(node_id, _death_reason(exc))
                     continue
                 for batch in batches:
-                    self._loop.call_soon_threadsafe(self._dispatch_batch, batch)
+                    self._deliver_from_thread(batch)
                 pending[self.actors[node_id].poll.remote(timeout_s)] = node_id
 
     # -- requests --------------------------------------------------------------------------
@@ -224,10 +215,7 @@ class RayCluster(LocalCluster):
         return await self.planner.plan(self.view, now)
 
     # -- failures --------------------------------------------------------------------------
-    def _on_node_death(self, node_id: int) -> None:
-        self._on_actor_death(node_id, "killed")
-
-    def _on_actor_death(self, node_id: int, reason: str) -> None:
+    def _on_node_death(self, node_id: int, reason: str) -> None:
         if self._closing or not self.nodes[node_id].alive:
             return
         message = f"node {node_id} died ({reason})"
@@ -260,6 +248,7 @@ class RayCluster(LocalCluster):
     async def _replan(self) -> None:
         for change in await self._plan(self.now_s()):
             self.apply_role_change(change)
+        self.num_replans += 1
 
     def _resume(self, live: LiveRequest, node_id: int) -> None:
         """Start the request again on a live node after the tokens it already streamed."""
@@ -271,16 +260,8 @@ class RayCluster(LocalCluster):
             live.handle.push(StreamEvent((), FinishReason.LENGTH))
             self._finish(live, node_id, self.now_s())
             return
-        self._live.pop(live.request.request_id, None)
-        self._clear_incoming(live)
-        self._abort_on_nodes(live)
-        live.request = resumed.request
-        live.generation = resumed.generation
-        live.handle.request_id = resumed.request.request_id
-        live.num_retries += 1
-        self.metrics.num_retried += 1
         self.num_resumed += 1
-        self._submit(live)
+        self._resubmit(live, resumed.request, resumed.generation)
 
 
 def _death_reason(exc: BaseException) -> str:

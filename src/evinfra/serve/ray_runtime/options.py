@@ -39,6 +39,8 @@ class RayOptions:
             raise ValueError(f"KV transport must be one of {TRANSPORTS}, got {self.transport!r}")
         if self.num_cpus_per_node < 0 or self.num_gpus_per_node < 0:
             raise ValueError("CPUs and GPUs per node must be >= 0")
+        if self.num_cpus_for_planner < 0 or self.max_planner_restarts < 0:
+            raise ValueError("the planner actor's CPUs and restarts must be >= 0")
 
 
 def add_ray_flags(p: argparse.ArgumentParser) -> None:
@@ -48,6 +50,8 @@ def add_ray_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-gpus-per-node", type=float, default=0.0)
     g.add_argument("--node-resource", action="append", metavar="NAME=AMOUNT", default=[])
     g.add_argument("--kv-transport", choices=TRANSPORTS, default="object-store")
+    g.add_argument("--num-cpus-for-planner", type=float, default=0.1, help="the planner actor")
+    g.add_argument("--max-planner-restarts", type=int, default=3)
     g.add_argument("--ray-num-cpus", type=int, default=2, help="a new local Ray: its CPUs")
     g.add_argument("--object-store-mb", type=int, default=100, help="a new local Ray")
 
@@ -65,6 +69,8 @@ def ray_options(args: argparse.Namespace) -> RayOptions:
         num_gpus_per_node=args.num_gpus_per_node,
         node_resources=resources,
         transport=args.kv_transport,
+        num_cpus_for_planner=args.num_cpus_for_planner,
+        max_planner_restarts=args.max_planner_restarts,
         local_num_cpus=args.ray_num_cpus,
         object_store_memory_bytes=args.object_store_mb * MIB,
     )
