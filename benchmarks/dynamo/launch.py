@@ -49,6 +49,8 @@ class Deployment:
     num_nodes: int = 2
     system: str = "evolving"
     """evinfra only: the policy bundle."""
+    system_options: tuple[tuple[str, str], ...] = ()
+    """evinfra only: `--system-option KEY=VALUE` pairs (the simulator gets them too)."""
 
     @property
     def sends_hints(self) -> bool:
@@ -132,6 +134,7 @@ def evinfra_command(dep: Deployment, shape: EngineShape, evinfra: str, port: int
         "--cost-option", f"speedup_ratio={shape.speedup_ratio}",
         "--cost-option", f"kv_capacity_tokens={shape.kv_capacity_tokens}",
         "--cost-option", f"utilisation_source={shape.utilisation_source}",
+        *(a for k, v in dep.system_options for a in ("--system-option", f"{k}={v}")),
     ]  # fmt: skip
 
 

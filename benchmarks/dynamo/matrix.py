@@ -93,6 +93,27 @@ SIM_SYSTEMS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class FixedCosts:
+    """What a server adds around its engines, per request (`probe.py`)."""
+
+    api_overhead_s: float
+    handoff_overhead_s: float
+
+
+FIXED_COSTS: dict[str, FixedCosts] = {
+    # medians measured at zero load by `run_side_by_side.sh --probe` (30 requests of 512 to
+    # 4,096 tokens each, one every 0.6 s; results/probe/probe.json): measured minus
+    # simulated TTFT, aggregated deployments for the API, disaggregated minus aggregated
+    # for the hand-off
+    "evinfra": FixedCosts(api_overhead_s=0.0071, handoff_overhead_s=0.0083),
+    "dynamo": FixedCosts(api_overhead_s=0.0044, handoff_overhead_s=0.0009),
+}
+FIRST_TOKEN_ON_DECODE_STEP = {"evinfra": False, "dynamo": True}
+"""After a hand-off Dynamo's client sees the decode worker's first pass's token; evinfra's
+decode node streams the prefill's token as soon as the KV is in."""
+
+
 def sim_config(
     dep: Deployment, run: WorkloadRun, limits: Limits, num_device_blocks_per_node: int,
     sim_system: str | None = None,
@@ -102,6 +123,9 @@ def sim_config(
     tiny is far larger), the mocker's polynomial with its speed-up ratio and KV capacity,
     the same batch limits, workload, seed, duration and drain."""
     system, options = SIM_SYSTEMS[dep.kind]
+    if dep.kind == "evinfra":
+        system = dep.system
+        options = {**options, **{k: _option_value(v) for k, v in dep.system_options}}
     if dep.kind == "dynamo-disagg":  # launch.dynamo_commands' split
         options = {**options, "num_prefill_nodes": dep.num_nodes // 2}
     if sim_system is not None:
@@ -130,6 +154,11 @@ def sim_config(
         "seed": limits.seed,
         "hints": dep.sends_hints,
     }
+    family = "evinfra" if dep.kind == "evinfra" else "dynamo"
+    costs = FIXED_COSTS[family]
+    cfg["api_overhead_s"] = costs.api_overhead_s
+    cfg["handoff_overhead_s"] = costs.handoff_overhead_s
+    cfg["first_token_on_decode_step"] = FIRST_TOKEN_ON_DECODE_STEP[family]
     if run.trace is not None:
         cfg["trace"] = str(run.trace)
         cfg["workload"] = None
@@ -137,6 +166,14 @@ def sim_config(
         cfg["workload"] = run.kind
         cfg["concurrency"] = run.concurrency
     return cfg
+
+
+def _option_value(text: str) -> Any:
+    """A `--system-option` value as the simulator's config holds it."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def write_sim_config(path: Path, cfg: dict[str, Any]) -> None:

@@ -43,6 +43,16 @@ from matrix import (  # noqa: E402
     write_crosscheck_trace,
     write_sim_config,
 )
+from probe import (  # noqa: E402
+    ProbeTrace,
+    excess,
+    fixed_costs,
+    measured_rows,
+    probe_deployments,
+    probe_sim_config,
+    simulated_rows,
+    table,
+)
 from report import (  # noqa: E402
     aiperf_metrics,
     build_results,
@@ -213,7 +223,46 @@ class SideBySide:
             return {"error": f"replay exited {rc}"}
         return measured_metrics(out, leading_extra=server.deployment.leading_extra_chunk)
 
+    def probe(self) -> int:
+        """The fixed per-request costs at zero load (`probe.py`): writes probe.json."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        trace = ProbeTrace()
+        path = self.out / "probe" / "trace.jsonl"
+        trace.write(path)
+        agent_shape = default_workloads(Path(self.args.shared_dir))[0].shape
+        run = WorkloadRun("probe", trace=path, shape=agent_shape, max_requests=100)
+        limits = Limits(duration_s=trace.duration_s, drain_s=10.0, seed=self.limits.seed)
+        num_blocks = num_tiny_device_blocks(run.shape.block_size)
+        results: dict[str, dict[str, Any]] = {}
+        for dep in probe_deployments(self.args.num_nodes):
+            server = self._start(dep, run, "probe")
+            try:
+                out = self.out / "probe" / dep.label
+                argv = replay_argv(self.evinfra, server.url, server.model, run, limits,
+                                   dep.label, out, hints=dep.sends_hints)  # fmt: skip
+                self.commands.append(" ".join(argv))
+                log(f"probe: replaying against {dep.label}")
+                rc = run_bounded(argv, 120, self.out / "logs" / f"probe-{dep.label}.log")
+            finally:
+                stop_server(server)
+            if rc != 0:
+                self.failures.append(f"probe on {dep.label}: replay exited {rc}")
+                continue
+            cfg = probe_sim_config(dep, run, limits, num_blocks)
+            measured = measured_rows(out, dep.leading_extra_chunk)
+            results[dep.label] = excess(measured, simulated_rows(cfg), trace.burst_size)
+        costs = fixed_costs(results)
+        payload = {"results": results, "fixed_costs": costs, "commit": git_head(),
+                   "trace": asdict(trace), "failures": self.failures,
+                   "commands": self.commands}  # fmt: skip
+        (self.out / "probe.json").write_text(json.dumps(payload, indent=2))
+        print(table(results))
+        print(json.dumps(costs, indent=2))
+        return 0 if not self.failures else 1
+
     def main(self) -> int:
+        if self.args.probe:
+            return self.probe()
         self.out.mkdir(parents=True, exist_ok=True)
         runs = default_workloads(Path(self.args.shared_dir), quick=self.args.quick)
         if self.args.workloads:
@@ -275,6 +324,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="coding only, small (the test)")
     p.add_argument("--workloads", help="comma-separated subset: coding,mixed,mooncake")
     p.add_argument("--no-aiperf", action="store_true")
+    p.add_argument("--probe", action="store_true", help="only the zero-load fixed-cost probe")
     p.add_argument("--num-nodes", type=int, default=2, help="nodes per deployment")
     p.add_argument("--deployments", help="subset: evinfra-evolving,dynamo-agg,dynamo-disagg")
     p.add_argument("--dynamo-venv", default=str(HERE / ".venv"))

@@ -52,6 +52,9 @@ class SimConfig(BaseModel):
     handoff_overhead_s: float = Field(
         0.0, ge=0, description="fixed time per disaggregated hand-off, after its KV transfer"
     )
+    first_token_on_decode_step: bool = Field(
+        False, description="after a hand-off, the first token comes from the first decode step"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SimConfig:

@@ -155,6 +155,7 @@ def build_simulation(
             check_integrity=cfg.check_integrity,
             api_overhead_s=cfg.api_overhead_s,
             handoff_overhead_s=cfg.handoff_overhead_s,
+            first_token_on_decode_step=cfg.first_token_on_decode_step,
         ),
         progress=progress,
     )

@@ -30,29 +30,15 @@ from evinfra.sim.links import LinkModel
 from evinfra.sim.metrics import Metrics, RequestRecord, TimeSample
 from evinfra.sim.node import SimNode, StepInFlight
 from evinfra.sim.sessions import SessionRun
+from evinfra.sim.settings import SimSettings
 from evinfra.workloads.types import SessionArrival, SessionPlan, Workload
+
+__all__ = ["Progress", "RequestFactory", "SimSettings", "Simulation"]
 
 RequestFactory = Callable[[int, SessionPlan, int], Request]
 """(request id, session plan, call index) -> Request."""
 Progress = Callable[[float, int], None]
 """(simulated seconds, events processed)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SimSettings:
-    horizon_s: float
-    warmup_s: float = 0.0
-    drain_s: float = 600.0
-    sample_interval_s: float = 10.0
-    kv_tick_s: float = 1.0
-    check_integrity: bool = False
-    api_overhead_s: float = 0.0
-    """Fixed time from a call being sent to the system seeing it (HTTP, frontend, the
-    first token's way back), added to each request's TTFT and end-to-end latency; 0 at
-    cluster scale, where it is small against the step times."""
-    handoff_overhead_s: float = 0.0
-    """Fixed time a disaggregated hand-off adds after its KV transfer (the protocol's
-    messages and the step boundaries they wait for), before the first token."""
 
 
 class _View:
@@ -113,6 +99,8 @@ class Simulation:
         self._held: list[tuple[SessionRun, int, Request]] = []
         self._num_admitting = 0
         """Calls sent and not yet past the API overhead."""
+        self._awaiting_decode_step: set[int] = set()
+        """Handed-off requests whose first token waits for their first decode step."""
         self._last_cached = [0] * len(nodes)
 
     # -- running ------------------------------------------------------------------------
@@ -310,14 +298,15 @@ class Simulation:
         rec.num_recomputed_tokens = bs * sum(1 for h in req.prompt_hashes[hit:] if h in seen)
         seen.update(req.prompt_hashes)
 
-    def _first_token(self, rid: int) -> None:
+    def _first_token(self, rid: int, at_s: float | None = None) -> None:
         rec = self.metrics.records[rid]
         if rec.first_token_s is None:
-            rec.first_token_s = self.now_s
+            rec.first_token_s = self.now_s if at_s is None else at_s
 
     def _finish(self, rid: int, node_id: int, num_preemptions: int) -> None:
         now = self.now_s
         inflight = self._inflight.pop(rid)
+        self._awaiting_decode_step.discard(rid)
         rec = self.metrics.records[rid]
         self._first_token(rid)
         rec.finish_s = now
@@ -387,6 +376,8 @@ class Simulation:
             self._kick(node)
             return
         sched = node.sched
+        if self._awaiting_decode_step:
+            self._first_decode_step(node, step)
         if step.num_steps > 1:
             out = sched.apply_decode_run(step.plan.decodes, step.num_steps)
         else:
@@ -404,6 +395,18 @@ class Simulation:
             sched.check_integrity()
         self._retry_incoming(node)
         self._kick(node)
+
+    def _first_decode_step(self, node: SimNode, step: StepInFlight) -> None:
+        """First tokens of handed-off requests in this step: at the end of its first pass."""
+        assert step.plan is not None
+        end_s = step.end_s
+        if step.num_steps > 1:
+            end_s = step.start_s + node.run_time_s(step.run_args, 1)
+        waiting = self._awaiting_decode_step
+        for seq in step.plan.decodes:
+            if seq.seq_id in waiting:
+                waiting.discard(seq.seq_id)
+                self._first_token(seq.seq_id, end_s)
 
     # -- disaggregation -----------------------------------------------------------------
     def _handoff(self, src: SimNode, seq: Sequence) -> None:
@@ -437,7 +440,10 @@ class Simulation:
         if not migrate:
             src_node.sched.release_handoff(rid)
         dst_node.sched.accept_incoming(rid)
-        self._first_token(rid)
+        if migrate or not self.settings.first_token_on_decode_step:
+            self._first_token(rid)
+        elif self.metrics.records[rid].first_token_s is None:
+            self._awaiting_decode_step.add(rid)
         self._retry_incoming(src_node)
         self._kick(src_node)
         self._kick(dst_node, new_work=True)

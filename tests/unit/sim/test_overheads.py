@@ -99,3 +99,47 @@ def test_run_sim_passes_the_overheads_through() -> None:
     base = run_sim(load_config(None, small)).summary
     slow = run_sim(load_config(None, {**small, "api_overhead_s": 0.02})).summary
     assert slow["p50_ttft_s"] - base["p50_ttft_s"] == pytest.approx(0.02, abs=0.01)
+
+
+def test_first_token_on_decode_step_waits_for_the_decode_pass() -> None:
+    base = _records(_run(True))
+    sim = _run_decode_step()
+    later = _records(sim)
+    for b, s in zip(base, later, strict=True):
+        assert _ttft(s) > _ttft(b)
+        # one decode pass of this toy model: 10 ms plus 0.01 ms per context token
+        assert _ttft(s) - _ttft(b) == pytest.approx(
+            0.010 + 1e-5 * (s.num_prompt_tokens + 1), abs=2e-3
+        )
+    assert not sim._awaiting_decode_step
+
+
+def _run_decode_step() -> Simulation:
+    sessions = [
+        SessionArrival(0.0, make_session("a", 3, 200, 20, think_s=2.0)),
+        SessionArrival(30.0, make_session("b", 3, 300, 10, think_s=2.0)),
+    ]
+    sim = make_sim(sessions, disaggregated=True, horizon_s=60.0)
+    sim.settings = replace(sim.settings, first_token_on_decode_step=True)
+    sim.run()
+    return sim
+
+
+def test_first_token_on_decode_step_inside_a_decode_run() -> None:
+    # b's hand-off lands while a decodes a long run: b's first token is at the end of the
+    # first pass it joins, never after its finish and never before its KV arrived
+    sessions = [
+        SessionArrival(0.0, make_session("a", 1, 100, 400, think_s=0.0)),
+        SessionArrival(0.5, make_session("b", 1, 100, 50, think_s=0.0)),
+    ]
+    first_token_s = []
+    for flag in (False, True):
+        sim = make_sim(sessions, disaggregated=True, horizon_s=30.0)
+        sim.settings = replace(sim.settings, first_token_on_decode_step=flag)
+        sim.run()
+        b = sim.metrics.records[1]
+        assert b.first_token_s is not None and b.finish_s is not None
+        assert b.first_token_s < b.finish_s - 0.1  # 49 more passes follow
+        first_token_s.append(b.first_token_s)
+    # the KV lands mid-pass: b waits for that pass to end, then runs one of its own
+    assert 0.010 < first_token_s[1] - first_token_s[0] < 0.025
