@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
 
 from evinfra.core.types import Request, Role, Route  # noqa: E402
 from evinfra.policy.base import ClusterView, Router  # noqa: E402

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 
 cloudpickle = pytest.importorskip("ray.cloudpickle")
+pytestmark = pytest.mark.ray
 
 from evinfra.core.types import AgentHints, Request, Role, RoleChange  # noqa: E402
 from evinfra.policy.base import RequestArrived, RequestFinished  # noqa: E402

@@ -36,7 +36,7 @@ from evinfra.serve.protocol import FinishReason, TokensOut
 from evinfra.serve.ray_runtime.links import FRONTEND, ActorLink
 from evinfra.serve.ray_runtime.node_actor import NodeActor
 from evinfra.serve.ray_runtime.options import RayOptions
-from evinfra.serve.ray_runtime.planner_actor import RemotePlanner
+from evinfra.serve.ray_runtime.planner_actor import RemotePlanner, failure_reason
 from evinfra.serve.ray_runtime.recovery import coverage_changes, depends_on, forget_node, resume
 from evinfra.serve.ray_runtime.transport import make_transport
 from evinfra.serve.requests import LiveRequest, RequestHandle, StreamEvent, finished_observation
@@ -168,7 +168,7 @@ class RayCluster(LocalCluster):
                     batches = ray.get(ref)
                 except Exception as exc:
                     if not self._stopping.is_set():
-                        self._report_death_from_thread(node_id, _death_reason(exc))
+                        self._report_death_from_thread(node_id, failure_reason(exc))
                     continue
                 for batch in batches:
                     self._deliver_from_thread(batch)
@@ -262,9 +262,3 @@ class RayCluster(LocalCluster):
             return
         self.num_resumed += 1
         self._resubmit(live, resumed.request, resumed.generation)
-
-
-def _death_reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else type(exc).__name__
-    return f"{type(exc).__name__}: {first}"[:300]

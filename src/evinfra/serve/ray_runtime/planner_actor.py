@@ -41,9 +41,10 @@ PlannerActor: Any = ray.remote(max_restarts=0)(ControlReplica)
 """The Ray actor class (sequential: calls run one at a time, in each caller's order)."""
 
 
-def actor_died(exc: BaseException) -> bool:
-    """Whether a planner call failed because the actor is gone (not a planner bug)."""
-    return isinstance(exc, ray.exceptions.RayActorError)
+def failure_reason(exc: BaseException) -> str:
+    """`ActorDiedError: <first line>`: what the log says about a failed planner call."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 class RemotePlanner:
@@ -119,9 +120,7 @@ class RemotePlanner:
         self.num_plan_calls += 1
         try:
             changes: list[RoleChange] = await asyncio.wait_for(ref, self.plan_timeout_s)
-        except Exception as exc:
-            if not actor_died(exc):
-                raise
+        except Exception as exc:  # dead, hung (TimeoutError) or raising: replace it
             self._on_death(exc)
             return []
         return changes
@@ -142,18 +141,20 @@ class RemotePlanner:
         try:
             ray.get(ref)
         except Exception as exc:
-            if not actor_died(exc):
-                raise
             self._on_death(exc)
 
     def _on_death(self, exc: BaseException) -> None:
-        reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"[:300]
+        """The actor died, hung past `plan_timeout_s` or raised (its replica may then be
+        half-updated): end it and start a new one, or plan in the frontend."""
+        what = "died" if isinstance(exc, ray.exceptions.RayActorError) else "failed"
+        reason = failure_reason(exc)
         old, self.actor = self.actor, None
         with contextlib.suppress(Exception):
             ray.kill(old, no_restart=True)
         if self.num_restarts >= self.max_restarts:
             log.warning(
-                "planner actor died (%s) after %d restarts: planning in the frontend from now on",
+                "planner actor %s (%s) after %d restarts: planning in the frontend from now on",
+                what,
                 reason,
                 self.num_restarts,
             )
@@ -162,8 +163,9 @@ class RemotePlanner:
             return
         self.num_restarts += 1
         log.warning(
-            "planner actor died (%s): starting a new one from the frontend's KV manager state"
+            "planner actor %s (%s): starting a new one from the frontend's KV manager state"
             " (restart %d of %d); its observation window and dwell timers start empty",
+            what,
             reason,
             self.num_restarts,
             self.max_restarts,
