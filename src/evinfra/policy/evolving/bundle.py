@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from evinfra.core.types import Role, SwitchMode
 from evinfra.policy.bundle import ClusterShape, SystemBundle, register
 from evinfra.policy.dynamo.options import check_known, get_bool, get_float, get_int
 from evinfra.policy.evolving.kv_manager import AgentKVManager, KVManagerConfig
 from evinfra.policy.evolving.planner import EvolvingPlanner, PlannerConfig
-from evinfra.policy.evolving.rates import node_rates
+from evinfra.policy.evolving.rates import NodeRates, node_rates
 from evinfra.policy.evolving.router import EvolvingRouter, RouterConfig
 from evinfra.policy.evolving.sessions import SessionTable
 
@@ -43,9 +44,23 @@ def initial_roles(num_nodes: int, prefill_fraction: float | None) -> list[Role]:
     return [Role.PREFILL] * num_prefill + [Role.DECODE] * (num_nodes - num_prefill)
 
 
+def monotone_decode(rates: NodeRates) -> NodeRates:
+    """The rates with decode step times non-decreasing in batch size: a step with more
+    sequences never takes less time. A cost model fitted on a range can bend back past
+    it (Dynamo's mocker polynomial in KV utilisation peaks near u = 1 and falls to its
+    1 ms floor by u = 2.3, which the rates' probe at 8,192 tokens a sequence reaches on a
+    small pool); read literally, the router would pile sessions onto the busiest node
+    and the planner would think one node decodes any load."""
+    points, worst = [], 0.0
+    for b, t in rates.decode_step_s_at:
+        worst = max(worst, t)
+        points.append((b, worst))
+    return replace(rates, decode_step_s_at=tuple(points))
+
+
 def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str) -> SystemBundle:
     check_known(options, OPTIONS, name)
-    rates = node_rates(shape)
+    rates = monotone_decode(node_rates(shape))
     table = SessionTable(use_hints=get_bool(options, "use_hints", True))
     in_place = get_bool(options, "in_place_switch", True)
     mode = SwitchMode.IN_PLACE if in_place else SwitchMode.RESTART

@@ -62,6 +62,8 @@ class EvolvingPlanner:
     _last_prediction: tuple[float, float] | None = None
     targets: list[tuple[float, int, int]] = field(default_factory=list)
     """(time, prefill nodes wanted, decode nodes wanted), for plots."""
+    _need_d_kv: float = 0.0
+    """Decode nodes the running decodes' KV fills, from the last `demand`."""
 
     @property
     def interval_s(self) -> float:
@@ -110,6 +112,7 @@ class EvolvingPlanner:
         need_d_tok = out_obs / rates.decode_tok_s_at_itl(cfg.itl_target_s)
         decode_blocks = sum(n.num_decode_blocks for n in nodes)
         need_d_kv = decode_blocks / (rates.kv_capacity_blocks * cfg.kv_utilisation)
+        self._need_d_kv = need_d_kv
         running = sum(n.num_running_decodes for n in nodes)
         need_d_seq = running / rates.max_num_seqs
         return need_p, max(need_d_tok, need_d_kv, need_d_seq)
@@ -132,15 +135,21 @@ class EvolvingPlanner:
     def target_roles(self, need_p: float, need_d: float, num_nodes: int) -> tuple[int, int, int]:
         """(prefill, decode, mixed) nodes wanted. Under light load every node is mixed:
         prefill interference costs little there and any node can take a session back where
-        its context lives; past `mixed_below_utilisation` the split disaggregates."""
+        its context lives; past `mixed_below_utilisation` the split disaggregates, unless
+        the running decodes' KV would not fit on its decode nodes."""
         threshold = self.config.mixed_below_utilisation
         if self._split:
             threshold *= 0.8  # a band, so load near the threshold does not flap the roles
         if num_nodes <= 1 or (need_p + need_d) / num_nodes < threshold:
             self._split = False
             return 0, 0, num_nodes
-        self._split = True
         p = self.target_prefill_nodes(need_p, need_d, num_nodes)
+        if self._need_d_kv > num_nodes - p:
+            # the running decodes' KV would not fit on the split's decode nodes, where
+            # mixed nodes hold it together: splitting would queue hand-offs for KV room
+            self._split = False
+            return 0, 0, num_nodes
+        self._split = True
         return p, num_nodes - p, 0
 
     def plan(self, view: ClusterView, now_s: float) -> list[RoleChange]:
