@@ -8,7 +8,10 @@ distributed KV manager (ARCHITECTURE.md), kept exact by the pools themselves.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
+from itertools import accumulate, repeat, takewhile
+from operator import and_, neg
 from typing import Protocol
 
 from evinfra.core.kv_pool import KVPool, PrefixMatch
@@ -76,22 +79,21 @@ class GlobalBlockIndex:
         `KVPool.match_prefix` would answer), in one pass over the prompt."""
         n = self.num_nodes
         device_len = [0] * n
-        alive = (1 << n) - 1
-        device = self._device
-        i = 0
-        for i, h in enumerate(hashes):
-            mask = device.get(h, 0)
-            dropped = alive & ~mask
-            if dropped:
-                for node in _bits(dropped):
-                    device_len[node] = i
-                alive &= mask
-                if not alive:
-                    break
-        else:
-            for node in _bits(alive):
-                device_len[node] = len(hashes)
+        # alive[i]: the nodes holding all of hashes[0..i] (a running AND of the masks, in
+        # C, stopped once no node is left); it only loses bits, so it never increases and
+        # each node's run ends where its bit goes: found by bisection, one per change
+        alive = list(takewhile(bool, accumulate(map(self._device.get, hashes, repeat(0)), and_)))
+        start, end_all = 0, len(alive)
+        while start < end_all:
+            value = alive[start]
+            end = bisect_right(alive, -value, lo=start, key=neg)
+            after = alive[end] if end < end_all else 0
+            for node in _bits(value & ~after):
+                device_len[node] = end
+            start = end
         host = self._host
+        if not host:
+            return [PrefixMatch(length, 0) for length in device_len]
         out = []
         for node in range(n):
             start = device_len[node]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import takewhile
 from typing import Protocol
 
 from evinfra.core.eviction import EvictionPolicy, LRUEviction
@@ -99,15 +100,13 @@ class KVPool:
     def can_allocate_after(self, num_blocks: int, cached_hashes: Sequence[int]) -> bool:
         """Whether `num_blocks` new blocks fit once `cached_hashes` (all indexed) are
         acquired: acquiring an unused cached block takes it off the evictable count."""
-        num_taken = sum(1 for h in cached_hashes if self._ref[self._index[h]] == 0)
+        ref = self._ref
+        num_taken = list(map(ref.__getitem__, map(self._index.__getitem__, cached_hashes))).count(0)
         return num_blocks <= self.num_free_blocks - num_taken
 
     def match_prefix(self, hashes: Sequence[int]) -> PrefixMatch:
-        n = 0
-        for h in hashes:
-            if h not in self._index:
-                break
-            n += 1
+        # the leading run of indexed hashes, counted in C (prompts run to 1,000s of blocks)
+        n = len(list(takewhile(self._index.__contains__, hashes)))
         return PrefixMatch(n, self.host.count_run(hashes, n))
 
     def holds(self, block_hash: int) -> bool:
@@ -128,18 +127,37 @@ class KVPool:
     # -- mutations -------------------------------------------------------------------
     def acquire_cached(self, hashes: Sequence[int]) -> list[int]:
         """Take a reference on the device blocks of `hashes` (all must be indexed)."""
-        # the hot path of every cache hit: one loop, locals bound once
-        index, ref, evict = self._index, self._ref, self.eviction.remove
-        ids = [index[h] for h in hashes]
-        newly_used = 0
-        for block_id in ids:
-            r = ref[block_id]
-            if r == 0:
-                evict(block_id)
-                newly_used += 1
-            ref[block_id] = r + 1
-        self._num_in_use += newly_used
+        ids = list(map(self._index.__getitem__, hashes))
+        self._acquire(ids)
         return ids
+
+    def try_acquire_and_allocate(
+        self, cached_hashes: Sequence[int], num_new: int
+    ) -> list[int] | None:
+        """`acquire_cached(cached_hashes)` followed by `try_allocate(num_new)`, all or
+        nothing: None (and nothing taken) when the new blocks would not fit once the
+        cached ones are held. The cached blocks come first in the list returned."""
+        ids = list(map(self._index.__getitem__, cached_hashes))
+        ref = self._ref
+        num_taken = list(map(ref.__getitem__, ids)).count(0)
+        if num_new > self.num_free_blocks - num_taken:
+            return None
+        self._acquire(ids)
+        new_ids = self.try_allocate(num_new)
+        assert new_ids is not None
+        ids += new_ids
+        return ids
+
+    def _acquire(self, ids: list[int]) -> None:
+        # the hot path of every cache hit: unused blocks leave the eviction candidates in
+        # one call, then every reference count goes up
+        ref = self._ref
+        newly_used = [b for b in ids if not ref[b]]
+        if newly_used:
+            self.eviction.remove_many(newly_used)
+            self._num_in_use += len(newly_used)
+        for block_id in ids:
+            ref[block_id] += 1
 
     def try_allocate(self, num_blocks: int) -> list[int] | None:
         """Take `num_blocks` empty blocks, evicting cached ones if needed; None if short."""
@@ -197,22 +215,30 @@ class KVPool:
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference on each block. Pass a sequence's blocks in order: they are
         released tail first, so LRU evicts a finished sequence's tail before its prefix."""
-        refs, hashes, index, add = self._ref, self._hash, self._index, self.eviction.add
-        released = 0
+        refs, hashes = self._ref, self._hash
+        cached_ids: list[int] = []
+        cached_hashes: list[int] = []
+        empty = self._free
+        num_empty_before = len(empty)
         for block_id in reversed(block_ids):
             ref = refs[block_id]
-            if ref <= 0:
-                raise ValueError(f"free of block {block_id} with ref count {ref}")
-            refs[block_id] = ref - 1
             if ref == 1:
-                released += 1
+                refs[block_id] = 0
+                # content held by a block is always the index's entry for it (commit,
+                # prefetch and import set both; _forget clears both)
                 h = hashes[block_id]
-                if h is not None and index.get(h) == block_id:
-                    add(block_id, h)
+                if h is None:
+                    empty.append(block_id)
                 else:
-                    hashes[block_id] = None
-                    self._free.append(block_id)
-        self._num_in_use -= released
+                    cached_ids.append(block_id)
+                    cached_hashes.append(h)
+            elif ref > 1:
+                refs[block_id] = ref - 1
+            else:
+                raise ValueError(f"free of block {block_id} with ref count {ref}")
+        if cached_ids:
+            self.eviction.add_many(cached_ids, cached_hashes)
+        self._num_in_use -= len(cached_ids) + len(empty) - num_empty_before
 
     def drop(self, hashes: Sequence[int]) -> int:
         """Free dead content at once (compaction, truncation, a finished session): unused
@@ -325,6 +351,9 @@ class KVPool:
                 raise AssertionError(f"index entry {h:x} points at block {block_id} without it")
             if block_id in free:
                 raise AssertionError(f"index entry {h:x} points at free block {block_id}")
+        for block_id, content in enumerate(self._hash):
+            if content is not None and self._index.get(content) != block_id:
+                raise AssertionError(f"block {block_id} holds {content:x} but is not indexed")
         for block_id in evictable:
             content = self._hash[block_id]
             if content is None or self._index.get(content) != block_id:

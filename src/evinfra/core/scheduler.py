@@ -156,15 +156,13 @@ class NodeScheduler:
         need_total = num_blocks_for(target, bs)
         num_new = need_total - match.num_device_blocks
         hit_hashes = hashes[: match.num_device_blocks]
-        if not self.pool.can_allocate_after(num_new, hit_hashes):
+        ids = self.pool.try_acquire_and_allocate(hit_hashes, num_new)
+        if ids is None:
             return None
-        ids = self.pool.acquire_cached(hit_hashes)
-        new_ids = self.pool.try_allocate(num_new)
-        assert new_ids is not None
         start = match.num_device_blocks
         for i in range(match.num_host_blocks):
-            self.pool.commit(new_ids[i], hashes[start + i])
-        seq.block_ids = ids + new_ids
+            self.pool.commit(ids[start + i], hashes[start + i])
+        seq.block_ids = ids
         num_hit = match.num_device_blocks + match.num_host_blocks
         seq.num_committed_blocks = num_hit  # cached and onboarded blocks are indexed
         seq.num_computed_tokens = num_hit * bs
@@ -419,12 +417,10 @@ class NodeScheduler:
         match = self.pool.match_prefix(hashes)
         need = num_blocks_for(computed + 1, bs) - match.num_device_blocks
         hit_hashes = hashes[: match.num_device_blocks]
-        if not self.pool.can_allocate_after(need, hit_hashes):
+        ids = self.pool.try_acquire_and_allocate(hit_hashes, need)
+        if ids is None:
             return None
-        ids = self.pool.acquire_cached(hit_hashes)
-        new_ids = self.pool.try_allocate(need)
-        assert new_ids is not None
-        seq.block_ids = ids + new_ids
+        seq.block_ids = ids
         seq.num_committed_blocks = match.num_device_blocks
         seq.num_computed_tokens = computed
         seq.phase = SeqPhase.INCOMING

@@ -68,3 +68,31 @@ def test_index_agrees_with_pools_after_any_operations(seq: list[tuple[int, str, 
         for start in (0, a):
             q = probe[start:]
             assert index.match_all(q) == [p.match_prefix(q) for p in pools]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sets(st.integers(0, 9), max_size=10), min_size=0, max_size=40),
+    st.sets(st.integers(0, 9)),
+)
+def test_match_all_agrees_with_a_walk_per_node(
+    holders: list[set[int]], host_nodes: set[int]
+) -> None:
+    """Block i of the prompt is held on device by the nodes in holders[i] (any pattern,
+    not only prefixes), and on host by `host_nodes`: each node's answer is its own walk."""
+    num_nodes = 10
+    index = GlobalBlockIndex(num_nodes)
+    listeners = [index.listener(i) for i in range(num_nodes)]
+    hashes = [1000 + i for i in range(len(holders))]
+    for h, nodes in zip(hashes, holders, strict=True):
+        for node in nodes:
+            listeners[node].on_device(h, True)
+        for node in host_nodes:
+            listeners[node].on_host(h, True)
+    got = index.match_all(hashes)
+    for node in range(num_nodes):
+        device = 0
+        while device < len(holders) and node in holders[device]:
+            device += 1
+        host = len(holders) - device if node in host_nodes else 0
+        assert (got[node].num_device_blocks, got[node].num_host_blocks) == (device, host)

@@ -17,7 +17,7 @@ the highest `priority` hint of the requests whose prompt held it.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from evinfra.core.eviction import EvictionPolicy, ScoredEviction
 from evinfra.core.types import Request
@@ -47,6 +47,16 @@ class HashScoredEviction:
     def remove(self, block_id: int) -> None:
         self._inner.remove(block_id)
         self._forget(block_id)
+
+    def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> None:
+        self._inner.add_many(block_ids, block_hashes)
+        self._block_of.update(zip(block_hashes, block_ids, strict=True))
+        self._hash_of.update(zip(block_ids, block_hashes, strict=True))
+
+    def remove_many(self, block_ids: Sequence[int]) -> None:
+        self._inner.remove_many(block_ids)
+        for block_id in block_ids:
+            self._forget(block_id)
 
     def pop(self) -> int | None:
         block_id = self._inner.pop()
