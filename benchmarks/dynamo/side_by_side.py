@@ -85,6 +85,33 @@ def run_bounded(
             return -9
 
 
+def evinfra_server_stats(url: str) -> dict[str, Any]:
+    """What evinfra's frontend counted over the run: role switches ordered, KV bytes moved
+    between nodes, and per node the steps run and the executor's busy seconds."""
+    import httpx
+
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=5.0).text
+        nodes = httpx.get(f"{url}/admin/nodes", timeout=5.0).json()["nodes"]
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        return {"server_stats_error": f"{type(exc).__name__}: {exc}"}
+    values: dict[str, float] = {}
+    busy: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        if name.endswith("_role_switches_total"):
+            values["role_switches"] = float(value)
+        elif name.endswith("_kv_transfer_bytes_total"):
+            values["kv_transfer_bytes"] = float(value)
+        elif "_node_busy_seconds{" in name:
+            busy[name.split('node="')[1].split('"')[0]] = float(value)
+    values["node_steps"] = [n.get("steps") for n in nodes]
+    values["node_busy_s"] = [busy.get(str(n.get("node"))) for n in nodes]
+    return values
+
+
 def git_head() -> str:
     try:
         out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
@@ -146,9 +173,10 @@ class SideBySide:
             rc = run_bounded(argv, budget, self.out / "logs" / f"replay-{run.name}-{dep.label}.log")
             if rc != 0 or not (out / "summary.json").is_file():
                 raise RuntimeError(f"replay of {run.name} on {dep.label} failed (rc {rc})")
-            self.measured.setdefault(run.name, {})[dep.label] = measured_metrics(
-                out, leading_extra=dep.leading_extra_chunk
-            )
+            metrics = measured_metrics(out, leading_extra=dep.leading_extra_chunk)
+            if dep.kind == "evinfra":
+                metrics.update(evinfra_server_stats(server.url))
+            self.measured.setdefault(run.name, {})[dep.label] = metrics
         finally:
             stop_server(server)
             log(f"{run.name}: stopped {dep.label}")

@@ -27,12 +27,14 @@ sys.path.insert(0, str(BENCH))
 
 from launch import Deployment, EngineShape, dynamo_commands, evinfra_command  # noqa: E402
 from matrix import (  # noqa: E402
+    FIXED_COSTS,
     Limits,
     WorkloadRun,
     replay_argv,
     sim_config,
     write_crosscheck_trace,
 )
+from probe import ProbeTrace, excess, fixed_costs, probe_deployments, probe_sim_config  # noqa: E402
 from report import build_results, ratio, token_gaps, token_timing  # noqa: E402
 
 
@@ -115,6 +117,56 @@ def test_replay_is_bounded_and_sim_matches_the_run(tmp_path: Path) -> None:
     write_crosscheck_trace(trace, num_requests=3, num_prefix_blocks=1, num_own_blocks=1)
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
     assert [r["hash_ids"] for r in rows] == [[0, 1], [0, 2], [0, 3]]
+
+
+def test_sim_configs_carry_each_servers_measured_fixed_costs() -> None:
+    run = WorkloadRun("coding", kind="coding", concurrency=4, shape=EngineShape(num_blocks=1000))
+    limits = Limits()
+    ev = sim_config(Deployment("evinfra"), run, limits, 100_000)
+    agg = sim_config(Deployment("dynamo-agg"), run, limits, 100_000)
+    dis = sim_config(Deployment("dynamo-disagg"), run, limits, 100_000)
+    assert ev["api_overhead_s"] == FIXED_COSTS["evinfra"].api_overhead_s > 0
+    assert ev["handoff_overhead_s"] == FIXED_COSTS["evinfra"].handoff_overhead_s
+    assert agg["api_overhead_s"] == dis["api_overhead_s"] == FIXED_COSTS["dynamo"].api_overhead_s
+    # Dynamo's client gets its first token from the decode worker's first pass
+    assert dis["first_token_on_decode_step"] and not ev["first_token_on_decode_step"]
+    # the probe's simulations run without them, so the excess is the whole fixed cost
+    probe = probe_sim_config(Deployment("dynamo-disagg"), run, limits, 100_000)
+    assert probe["api_overhead_s"] == probe["handoff_overhead_s"] == 0.0
+    assert probe["first_token_on_decode_step"]
+    # the probe's forced-disaggregated evinfra hands every request off, in serve and sim
+    forced = probe_deployments()[1]
+    argv = evinfra_command(forced, run.shape, "evinfra", 1)
+    assert argv[argv.index("--system") + 1] == "evolving-no-planner"
+    assert "max_local_prefill_tokens=0" in argv
+    cfg = sim_config(forced, run, limits, 100_000)
+    assert cfg["system"] == "evolving-no-planner"
+    assert cfg["system_options"]["max_local_prefill_tokens"] == 0
+
+
+def test_probe_trace_and_excess_arithmetic(tmp_path: Path) -> None:
+    trace = ProbeTrace(num_requests=4, interval_ms=500, burst_size=3)
+    path = tmp_path / "probe.jsonl"
+    trace.write(path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["timestamp"] for r in rows] == [0, 500, 1000, 1500, 2500, 2500, 2500]
+    assert [r["input_length"] for r in rows] == [512, 2048, 4096, 512, 512, 512, 512]
+    ids = [h for r in rows for h in r["hash_ids"]]
+    assert len(ids) == len(set(ids))  # nothing shared: nothing hits the cache
+    sim = [(512, 0.02, 0.2), (2048, 0.05, 0.3), (4096, 0.10, 0.4), (512, 0.02, 0.2)]
+    meas = [(n, t + 0.005, e + 0.006) for n, t, e in sim]
+    burst_sim = [(512, 0.03, 0.2)] * 3
+    burst_meas = [(512, 0.03 + d, 0.2) for d in (0.01, 0.03, 0.02)]
+    agg = excess(meas + burst_meas, sim + burst_sim, burst_size=3)
+    assert agg["median_ttft_excess_s"] == pytest.approx(0.005)
+    assert agg["median_e2e_excess_s"] == pytest.approx(0.006)
+    assert agg["burst_excess_slope_s"] == pytest.approx(0.01)
+    dis = excess([(n, t + 0.012, e) for n, t, e in meas] + burst_meas, sim + burst_sim, 3)
+    costs = fixed_costs({"dynamo-agg": agg, "dynamo-disagg": dis})
+    assert costs["dynamo"]["api_overhead_s"] == pytest.approx(0.005)
+    assert costs["dynamo"]["handoff_overhead_s"] == pytest.approx(0.012)
+    with pytest.raises(ValueError, match="prompt sizes differ"):
+        excess(list(reversed(meas)) + burst_meas, sim + burst_sim, 3)
 
 
 def _skip_reason() -> str | None:
