@@ -326,6 +326,27 @@ def test_killed_planner_actor_is_replaced_and_requests_still_complete(
         assert "restart 1 of 3" in caplog.text
 
 
+def test_a_planner_actor_ray_cannot_place_leaves_the_planning_to_the_frontend(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cfg = config("evolving", {"planner_interval_s": 0.2})
+    options = replace(NODE_OPTIONS, num_cpus_for_planner=64.0, planner_ready_timeout_s=1.0)
+
+    async def run(cluster: RayCluster) -> None:
+        await cluster.start()
+        try:
+            assert cluster.planner is not None and cluster.planner.in_process
+            tokens, error = await collect(cluster.generate(prompt(43, 30), 10))
+            assert error is None and len(tokens) == 10
+        finally:
+            await cluster.stop()
+
+    with caplog.at_level("WARNING"):
+        asyncio.run(run(RayCluster(cfg, options)))
+    assert "planner actor not ready after 1 s" in caplog.text
+    assert "it declares 64 CPUs" in caplog.text
+
+
 # -- the HTTP frontend -----------------------------------------------------------------------
 def test_openai_frontend_serves_from_ray_node_actors() -> None:
     httpx = pytest.importorskip("httpx")

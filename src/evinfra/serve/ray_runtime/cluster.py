@@ -121,11 +121,9 @@ class RayCluster(LocalCluster):
             self.nodes.append(NodeState(i, stats))
         self._inboxes = [ActorLink(FRONTEND, actor, self.transport) for actor in self.actors]
         self._spawn_thread(self._poll_nodes, "evinfra-ray-poll")
-
-    def _start_policy_loops(self) -> None:
         if self.planner is not None:
             self.planner.start()
-        super()._start_policy_loops()
+            await self.planner.wait_placed(self.options.planner_ready_timeout_s)
 
     async def _stop_nodes(self, timeout_s: float) -> None:
         """Stop every node loop, kill the actors (the planner's too), and leave Ray if

@@ -27,8 +27,11 @@ class RayOptions:
     """A new local Ray session: CPUs it may use."""
     object_store_memory_bytes: int = 100 * MIB
     """A new local Ray session: its object store (KV in flight lives there)."""
-    num_cpus_for_planner: float = 0.1
-    """CPUs the planner actor declares (it plans every few seconds: little)."""
+    num_cpus_for_planner: float = 0.0
+    """CPUs the planner actor declares. It uses a few milliseconds every few seconds;
+    declaring none lets Ray place it even where node actors hold every CPU."""
+    planner_ready_timeout_s: float = 30.0
+    """Start-up: a planner actor not answering by then is given up (the frontend plans)."""
     max_planner_restarts: int = 3
     """Planner actor deaths the frontend replaces; after that it plans itself."""
     poll_timeout_s: float = 0.5
@@ -50,7 +53,7 @@ def add_ray_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-gpus-per-node", type=float, default=0.0)
     g.add_argument("--node-resource", action="append", metavar="NAME=AMOUNT", default=[])
     g.add_argument("--kv-transport", choices=TRANSPORTS, default="object-store")
-    g.add_argument("--num-cpus-for-planner", type=float, default=0.1, help="the planner actor")
+    g.add_argument("--num-cpus-for-planner", type=float, default=0.0, help="the planner actor")
     g.add_argument("--max-planner-restarts", type=int, default=3)
     g.add_argument("--ray-num-cpus", type=int, default=2, help="a new local Ray: its CPUs")
     g.add_argument("--object-store-mb", type=int, default=100, help="a new local Ray")

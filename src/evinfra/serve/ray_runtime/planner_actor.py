@@ -42,9 +42,10 @@ PlannerActor: Any = ray.remote(max_restarts=0)(ControlReplica)
 
 
 def failure_reason(exc: BaseException) -> str:
-    """`ActorDiedError: <first line>`: what the log says about a failed planner call."""
+    """`ActorDiedError: <first line>`: what the log says about a failed call."""
     lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+    first = lines[0] if lines else ("no answer in time" if isinstance(exc, TimeoutError) else "")
+    return f"{type(exc).__name__}: {first}"[:300]
 
 
 class RemotePlanner:
@@ -53,7 +54,7 @@ class RemotePlanner:
     def __init__(
         self,
         bundle: SystemBundle,
-        num_cpus: float = 0.1,
+        num_cpus: float = 0.0,
         max_restarts: int = 3,
         plan_timeout_s: float = 30.0,
     ) -> None:
@@ -79,6 +80,24 @@ class RemotePlanner:
         self.actor = PlannerActor.options(num_cpus=self.num_cpus).remote(*seed)
         self._events.clear()
         self._last_replay = None
+
+    async def wait_placed(self, timeout_s: float) -> bool:
+        """Wait until the actor answers; else give it up and plan in the frontend (an actor
+        Ray cannot place, for want of the CPUs it declares, would never answer)."""
+        try:
+            await asyncio.wait_for(self.actor.counts.remote(), timeout_s)
+        except Exception as exc:
+            log.warning(
+                "planner actor not ready after %.0f s (%s; it declares %g CPUs):"
+                " planning in the frontend",
+                timeout_s,
+                failure_reason(exc),
+                self.num_cpus,
+            )
+            self.close()
+            self.in_process = True
+            return False
+        return True
 
     def close(self) -> None:
         if self.actor is not None:

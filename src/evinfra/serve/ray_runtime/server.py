@@ -2,8 +2,8 @@
 
     python -m evinfra.serve.ray_runtime serve --address auto --num-gpus-per-node 8 ...
 
-takes every `evinfra serve` flag plus the Ray ones below. (`evinfra serve --runtime ray`
-is the same command once the main CLI adds `options.add_ray_flags` and `--runtime`.)
+takes every `evinfra serve` flag plus the Ray ones (`options.add_ray_flags`); it is the
+same command as `evinfra serve --runtime ray`.
 """
 
 from __future__ import annotations
