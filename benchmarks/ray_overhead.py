@@ -11,8 +11,8 @@ per-request overhead of the ray runtime against `local` on the same workload.
 2. Workload: the same sequential requests through `LocalCluster` and `RayCluster` (timed
    executor at near-zero step time, so the runtime's own cost shows; 2 nodes; the
    `dynamo` bundle disaggregated, so every request moves KV, and `round-robin`
-   aggregated, and `evolving` with its planner in an actor). Reports TTFT and
-   end-to-end latency, and ray minus local.
+   aggregated, and `evolving` with its planner in an actor and without a planner).
+   Reports TTFT and end-to-end latency, and ray minus local.
 3. Control plane: the planner actor's calls for `evolving` on 32 nodes: shipping 1,000
    control events (`replay`) and planning on a snapshot of every node (`plan`), with
    their sizes.
@@ -70,6 +70,7 @@ SYSTEMS: dict[str, tuple[str, dict[str, object]]] = {
     "aggregated": ("round-robin", {}),
     # the planner in its actor: per request the frontend only buffers two events
     "evolving (planner actor)": ("evolving", {"planner_interval_s": 0.5}),
+    "evolving (no planner)": ("evolving", {"planner": False}),
 }
 CONTROL_NODES = 32
 CONTROL_EVENTS = 1000
@@ -211,7 +212,7 @@ def control_rows(repeats: int) -> dict[str, Any]:
         max_num_seqs=64, cost_model=node_cost_model(spec, 16),
     )  # fmt: skip
     bundle = make_system("evolving", shape, {})
-    remote = RemotePlanner(bundle, num_cpus=0.1)
+    remote = RemotePlanner(bundle)
     remote.start()
     snapshot = ClusterSnapshot(
         tuple(NodeSnapshot(i, Role.MIXED, True, 16, 4096, 3000, 1096, 4000, 2, 20, 900,
