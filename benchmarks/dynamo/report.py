@@ -20,7 +20,12 @@ import numpy as np
 METRICS = ("mean_e2e_s", "p50_ttft_s", "p95_ttft_s", "mean_itl_s", "p50_itl_s", "p95_itl_s")
 SIM_METRICS = ("mean_e2e_s", "p50_ttft_s", "p95_ttft_s", "mean_tpot_s")
 SIM_TOLERANCE = 0.15
-SERVER_STATS = ("role_switches", "kv_transfer_bytes", "node_steps", "node_busy_s")
+SERVER_STATS = (
+    "server_role_switches",
+    "server_kv_transfer_bytes",
+    "server_node_steps",
+    "server_node_busy_s",
+)
 """What evinfra's own server counted (`side_by_side.evinfra_server_stats`)."""
 
 
@@ -179,10 +184,11 @@ def markdown(results: Mapping[str, Any], header: str) -> str:
                 f"| {_fmt(m['p95_itl_s'], 1e3, 2)} | {_fmt(m.get('kv_hit_rate'), 1, 2)} |"
             )
         for label, m in res["measured"].items():
-            if m.get("role_switches") is not None:
-                lines += ["", f"{label}: {m['role_switches']:.0f} role switches, "
-                          f"{m.get('kv_transfer_bytes', 0):.0f} KV bytes moved between nodes, "
-                          f"steps per node {m.get('node_steps')}."]  # fmt: skip
+            if m.get("server_role_switches") is not None:
+                moved = m.get("server_kv_transfer_bytes") or 0
+                lines += ["", f"{label}: {m['server_role_switches']:.0f} role switches, "
+                          f"{moved:.0f} KV bytes moved between nodes, "
+                          f"steps per node {m.get('server_node_steps')}."]  # fmt: skip
         lines += ["", "Ratio of each Dynamo deployment to evinfra (above 1: evinfra faster):", ""]
         lines.append("| system | mean e2e | P50 TTFT | P95 TTFT | mean ITL | P50 ITL | P95 ITL |")
         lines.append("|---|---|---|---|---|---|---|")

@@ -102,13 +102,13 @@ def evinfra_server_stats(url: str) -> dict[str, Any]:
             continue
         name, value = line.rsplit(" ", 1)
         if name.endswith("_role_switches_total"):
-            values["role_switches"] = float(value)
+            values["server_role_switches"] = float(value)
         elif name.endswith("_kv_transfer_bytes_total"):
-            values["kv_transfer_bytes"] = float(value)
+            values["server_kv_transfer_bytes"] = float(value)
         elif "_node_busy_seconds{" in name:
             busy[name.split('node="')[1].split('"')[0]] = float(value)
-    values["node_steps"] = [n.get("steps") for n in nodes]
-    values["node_busy_s"] = [busy.get(str(n.get("node"))) for n in nodes]
+    values["server_node_steps"] = [n.get("steps") for n in nodes]
+    values["server_node_busy_s"] = [busy.get(str(n.get("node"))) for n in nodes]
     return values
 
 
