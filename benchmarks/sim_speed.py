@@ -8,11 +8,18 @@ The cost should grow about linearly with simulated time and with cluster size: t
 column (wall microseconds per simulated GPU-second) should stay roughly flat across rows,
 and `1 h of 256 GPUs` extrapolates one simulated hour at that size from the CPU time
 (the wall time of an otherwise idle machine; wall time on a shared one is inflated).
+
+Agent sessions last minutes (a coding session: 45 calls over about 13 minutes), so a run
+shorter than about 15 simulated minutes has not reached its steady state: fewer calls in
+flight, shorter contexts and no KV pressure yet. Extrapolating an hour from such a run
+underestimates it; time a full hour (`--duration-s 3600`) on a smaller cluster, or a
+long run at the size, and read `CPU s` directly.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import time
 
@@ -34,12 +41,16 @@ def measure(
         warmup_s=min(30.0, duration_s / 4),
         drain_s=args.drain_s,
         seed=args.seed,
+        block_size=args.block_size,
     )
     start = time.perf_counter()
     cpu_start = time.process_time()
     result = run_sim(cfg)
     wall_s = time.perf_counter() - start
     cpu_s = time.process_time() - cpu_start
+    # peak resident memory of this process so far (KiB on Linux): run one size per process
+    # (as the table's rows do when given one --gpus value) to read it per run
+    max_rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     s = result.summary
     sim_s = float(s["sim_end_s"])
     return {
@@ -54,6 +65,7 @@ def measure(
         "requests": float(s["num_requests"]),
         "unfinished": float(s["num_unfinished"]),
         "p95_ttft_s": float(s["p95_ttft_s"]),
+        "max_rss_gib": max_rss_gib,
     }
 
 
@@ -70,15 +82,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="kimi-k2")
     p.add_argument("--gpu", default="gb300")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=64, help="tokens per KV block (default 64)")
     args = p.parse_args(argv)
     print(
         f"workload {args.workload}, model {args.model} on {args.gpu},"
-        f" {args.rate_per_gpu:g} sessions/s per GPU, drain {args.drain_s:g} s"
+        f" {args.rate_per_gpu:g} sessions/s per GPU, drain {args.drain_s:g} s,"
+        f" blocks of {args.block_size} tokens"
     )
     header = (
         "| system | GPUs | sim s | wall s | events | events/s | sim s / wall s"
         " | wall us / GPU-s | CPU s | CPU us / GPU-s | 1 h of 256 GPUs (CPU)"
-        " | requests | unfinished | P95 TTFT s |"
+        " | requests | unfinished | P95 TTFT s | peak RSS GiB |"
     )
     print(header)
     print("| --- |" + " ---: |" * (header.count("|") - 2))
@@ -94,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                     f" | {m['sim_s_per_wall_s']:.2f} | {m['us_per_gpu_s']:.0f}"
                     f" | {m['cpu_s']:.1f} | {m['cpu_us_per_gpu_s']:.0f}"
                     f" | {hour_256_min:.1f} min | {m['requests']:.0f} | {m['unfinished']:.0f}"
-                    f" | {m['p95_ttft_s']:.3f} |",
+                    f" | {m['p95_ttft_s']:.3f} | {m['max_rss_gib']:.1f} |",
                     flush=True,
                 )
     return 0

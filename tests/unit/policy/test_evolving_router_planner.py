@@ -65,6 +65,27 @@ def test_queued_prefill_node_loses_to_an_idle_one() -> None:
     assert (route.prefill_node, route.decode_node) == (1, 2)
 
 
+def test_large_cluster_predicts_a_few_decode_nodes_and_keeps_the_least_loaded() -> None:
+    """32 decode nodes: decode costs are predicted for at most 2 x max_candidates of them
+    (O(candidates) per request, not O(nodes)), and the least loaded and the one holding
+    the prompt are among them."""
+    calls: list[int] = []
+
+    class CountingRates(NodeRates):
+        def decode_step_s(self, num_seqs: int) -> float:
+            calls.append(num_seqs)
+            return super().decode_step_s(num_seqs)
+
+    rates = CountingRates(**{f: getattr(RATES, f) for f in RATES.__dataclass_fields__})
+    router = EvolvingRouter(SessionTable(), rates, RouterConfig(max_local_prefill_tokens=0))
+    nodes = [FakeNode(0, Role.PREFILL)]
+    nodes += [FakeNode(i, Role.DECODE, num_running_decodes=50 + i) for i in range(1, 33)]
+    nodes[20] = FakeNode(20, Role.DECODE, num_running_decodes=2)  # least loaded
+    route = router.route(request(10, extra_tokens=8), cluster(*nodes), 0.0)
+    assert len(calls) <= 2 * RouterConfig().max_candidates
+    assert (route.prefill_node, route.decode_node) == (0, 20)
+
+
 def planner(**kw: object) -> EvolvingPlanner:
     args: dict[str, object] = {"interval_s": 5.0, "confirm_ticks": 2, "min_dwell_s": 0.0, **kw}
     cfg = PlannerConfig(**args)  # type: ignore[arg-type]

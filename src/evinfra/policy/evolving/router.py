@@ -75,10 +75,16 @@ class EvolvingRouter:
         holder_blocks = matches[holder.node_id].num_device_blocks
         out_tokens = self._expected_output_tokens(request)
         decoders = [n for n in nodes if n.role is not Role.PREFILL] or nodes
-        dcost = {n.node_id: self._decode_cost_s(n, request, out_tokens) for n in decoders}
-        remote = self._best_remote_decoder(decoders, request, matches, dcost)
+        candidates = self._candidates(nodes, matches, request)
+        remote_decoders = self._decoder_candidates(decoders, matches)
+        # decode costs of the nodes predicted only: O(candidates) per request, not O(nodes)
+        dcost = {n.node_id: self._decode_cost_s(n, request, out_tokens) for n in remote_decoders}
+        for n in candidates:
+            if n.role is not Role.PREFILL and n.node_id not in dcost:
+                dcost[n.node_id] = self._decode_cost_s(n, request, out_tokens)
+        remote = self._best_remote_decoder(remote_decoders, request, matches, dcost)
         best: _Choice | None = None
-        for node in self._candidates(nodes, matches, request):
+        for node in candidates:
             choice = self._evaluate(
                 node, request, matches[node.node_id], holder, holder_blocks, remote, dcost
             )
@@ -120,6 +126,28 @@ class EvolvingRouter:
             home = next((n for n in nodes if n.node_id == entry.node_id), None)
             if home is not None:
                 picked.setdefault(home.node_id, home)
+        return sorted(picked.values(), key=lambda n: n.node_id)
+
+    def _decoder_candidates(
+        self, decoders: list[NodeView], matches: dict[int, PrefixMatch]
+    ) -> list[NodeView]:
+        """The decode nodes worth predicting for a remote prefill: in a large cluster, those
+        holding most of the prompt (least to move) and the least loaded (fewest running
+        decodes, then most free KV); in a small one, every decode node."""
+        k = self.config.max_candidates
+        if len(decoders) <= k:
+            return decoders
+        by_match = sorted(
+            decoders, key=lambda n: (-matches[n.node_id].num_device_blocks, n.node_id)
+        )
+        by_load = sorted(
+            decoders, key=lambda n: (n.num_running_decodes, -n.num_free_blocks, n.node_id)
+        )
+        picked = {n.node_id: n for n in by_match[: k // 2]}
+        for n in by_load:
+            if len(picked) >= k:
+                break
+            picked.setdefault(n.node_id, n)
         return sorted(picked.values(), key=lambda n: n.node_id)
 
     def _best_remote_decoder(
