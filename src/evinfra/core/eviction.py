@@ -85,8 +85,12 @@ class ScoredEviction:
     the score of blocks whose signals changed (a session went to a tool, came back...).
     """
 
-    def __init__(self, scorer: BlockScorer) -> None:
+    def __init__(self, scorer: BlockScorer, min_score: float | None = None) -> None:
         self._scorer = scorer
+        self._min_score = min_score
+        """The lowest score the scorer gives, when known: a candidate already scored at it
+        is the next victim whatever the unscored ones score (they were added later, so
+        they lose ties), and they stay unscored."""
         self._heap: list[tuple[float, int, int]] = []
         self._live: dict[int, tuple[float, int]] = {}
         self._pending: dict[int, int] = {}
@@ -157,7 +161,7 @@ class ScoredEviction:
         """The lowest-scored candidate. Its score is read again first: a block whose
         score rose since it was read (its session's plans changed) goes back in the heap
         with the new score, so stale scores never evict a block that became valuable."""
-        if self._pending:
+        if self._pending and not self._floor_on_top():
             self._flush()
         heap = self._heap
         while heap:
@@ -166,12 +170,25 @@ class ScoredEviction:
                 continue
             current = self._scorer(self._hash_of[block_id])
             self.num_scored += 1
+            if current > score and self._pending:
+                self._flush()  # it rose: compare with every candidate, unscored ones too
+                heap = self._heap  # (a flush may rebuild the heap)
             if current > score and heap and current > heap[0][0]:
                 self._push(block_id, current, seq)
                 continue
             self.remove(block_id)
             return block_id
+        if self._pending:
+            self._flush()
+            return self.pop()
         return None
+
+    def _floor_on_top(self) -> bool:
+        """Whether the heap's top is a live candidate at the lowest possible score."""
+        if self._min_score is None or not self._heap:
+            return False
+        score, seq, block_id = self._heap[0]
+        return score <= self._min_score and self._live.get(block_id) == (score, seq)
 
     def __len__(self) -> int:
         return len(self._live) + len(self._pending)

@@ -160,23 +160,33 @@ class KVPool:
             ref[block_id] += 1
 
     def try_allocate(self, num_blocks: int) -> list[int] | None:
-        """Take `num_blocks` empty blocks, evicting cached ones if needed; None if short."""
+        """Take `num_blocks` empty blocks, evicting cached ones if needed; None if short.
+        Empty blocks come first (returned ones, last returned first, then never used
+        ones), then the eviction strategy's victims in its order."""
         if num_blocks > self.num_free_blocks:
             return None
-        ids: list[int] = []
-        for _ in range(num_blocks):
-            empty = self._take_empty()
-            if empty is not None:
-                block_id = empty
-            else:
-                victim = self.eviction.pop()
+        free, ref = self._free, self._ref
+        k = min(num_blocks, len(free))
+        ids = free[len(free) - k :]
+        ids.reverse()
+        del free[len(free) - k :]
+        fresh = min(num_blocks - k, self._num_fresh)
+        if fresh:
+            first = len(ref)
+            ref.extend([0] * fresh)
+            self._hash.extend([None] * fresh)
+            ids.extend(range(first, first + fresh))
+        if len(ids) < num_blocks:
+            pop, forget, offload = self.eviction.pop, self._forget, self.offload_on_evict
+            for _ in range(num_blocks - len(ids)):
+                victim = pop()
                 assert victim is not None, "eviction strategy lost a block"
-                block_id = victim
-                self._forget(block_id, offload=self.offload_on_evict)
-                self.num_evicted_blocks += 1
-            self._ref[block_id] = 1
-            self._num_in_use += 1
-            ids.append(block_id)
+                forget(victim, offload)
+                ids.append(victim)
+            self.num_evicted_blocks += num_blocks - k - fresh
+        for block_id in ids:
+            ref[block_id] = 1
+        self._num_in_use += num_blocks
         return ids
 
     def _forget(self, block_id: int, offload: bool) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from evinfra.core.eviction import EvictionPolicy, LRUEviction, ScoredEviction
 from evinfra.core.types import Request
 from evinfra.policy.base import ClusterView, DropBlocks, KVAction, PrefetchBlocks
-from evinfra.policy.evolving.sessions import SessionEntry, SessionTable
+from evinfra.policy.evolving.sessions import TIER_AWAY, SessionEntry, SessionTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,7 @@ class AgentKVManager:
         def score(block_hash: int) -> float:
             return table.keep_score(block_hash, node_id, self.now_s)
 
-        policy = ScoredEviction(score)
+        policy = ScoredEviction(score, min_score=TIER_AWAY)
         self.policies[node_id] = policy
         return policy
 
