@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,14 @@ def run_bounded(
             os.killpg(proc.pid, 9)
             proc.wait()
             return -9
+
+
+def with_agent_blocks(run: WorkloadRun, num_blocks: int) -> WorkloadRun:
+    """The closed-loop agent workloads with another KV pool size (the same for the mocker,
+    evinfra and the simulator); the trace keeps its own."""
+    if run.trace is not None:
+        return run
+    return replace(run, shape=replace(run.shape, num_blocks=num_blocks))
 
 
 def evinfra_server_stats(url: str) -> dict[str, Any]:
@@ -293,6 +301,8 @@ class SideBySide:
             return self.probe()
         self.out.mkdir(parents=True, exist_ok=True)
         runs = default_workloads(Path(self.args.shared_dir), quick=self.args.quick)
+        if self.args.agent_num_blocks is not None:
+            runs = [with_agent_blocks(r, self.args.agent_num_blocks) for r in runs]
         if self.args.workloads:
             runs = [r for r in runs if r.name in self.args.workloads.split(",")]
         deps = default_deployments(self.args.num_nodes)
@@ -354,6 +364,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-aiperf", action="store_true")
     p.add_argument("--probe", action="store_true", help="only the zero-load fixed-cost probe")
     p.add_argument("--num-nodes", type=int, default=2, help="nodes per deployment")
+    p.add_argument(
+        "--agent-num-blocks",
+        type=int,
+        help="KV blocks per node for coding and mixed, both systems (default 4096)",
+    )
     p.add_argument("--deployments", help="subset: evinfra-evolving,dynamo-agg,dynamo-disagg")
     p.add_argument("--dynamo-venv", default=str(HERE / ".venv"))
     p.add_argument("--model-dir", default=str(HERE / "model"))
