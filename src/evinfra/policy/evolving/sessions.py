@@ -10,7 +10,9 @@ A request that extends the context of a session that is still generating is a fo
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from evinfra.core.blocks import common_prefix_len
 from evinfra.core.types import ContextEvent, Request, SessionState
@@ -71,8 +73,9 @@ class SessionTable:
     num_owners: dict[int, int] = field(default_factory=dict)
     """Block hash -> how many live session contexts hold it (shared prefixes > 1)."""
     request_session: dict[int, str] = field(default_factory=dict)
-    orphans: dict[int, None] = field(default_factory=dict)
-    """Blocks whose last holder ended (oldest first, at most `max_orphans`)."""
+    orphans: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    """Blocks whose last holder ended (oldest first, at most `max_orphans`). Ordered: a
+    plain dict's first key is found in time growing with the keys deleted before it."""
     max_orphans: int = 1 << 20
     num_inferred_sessions: int = 0
     num_inferred_dead_blocks: int = 0
@@ -193,10 +196,9 @@ class SessionTable:
             self.sessions[entry.parent_id].num_children_running -= 1
         released = self._release(entry.context_hashes)
         orphans = self.orphans
-        for h in released:
-            orphans[h] = None
+        orphans.update(zip(released, repeat(None)))
         while len(orphans) > self.max_orphans:
-            del orphans[next(iter(orphans))]
+            orphans.popitem(last=False)
         return released
 
     def _release(self, hashes: tuple[int, ...]) -> tuple[int, ...]:
