@@ -303,21 +303,23 @@ class KVPool:
 
     def import_cached(self, hashes: Sequence[int]) -> int:
         """Install content received from another node as cached unused blocks, evicting
-        if needed (a prefix pulled ahead of a prefill). Returns blocks installed."""
-        n = 0
-        for h in hashes:
-            if h in self._index:
-                continue
-            ids = self.try_allocate(1)
-            if ids is None:
-                break
-            self._hash[ids[0]] = h
-            self._index[h] = ids[0]
-            if self.listener is not None:
-                self.listener.on_device(h, True)
-            self.free(ids)
-            n += 1
-        return n
+        if needed (a prefix pulled ahead of a prefill). Returns blocks installed: the
+        first ones missing here, as many as fit."""
+        index = self._index
+        missing = list(dict.fromkeys(h for h in hashes if h not in index))
+        missing = missing[: self.num_free_blocks]
+        if not missing:
+            return 0
+        ids = self.try_allocate(len(missing))
+        assert ids is not None
+        listener = self.listener
+        for block_id, h in zip(ids, missing, strict=True):
+            self._hash[block_id] = h
+            index[h] = block_id
+            if listener is not None:
+                listener.on_device(h, True)
+        self.free(ids)  # unused now: cached, evictable tail first
+        return len(missing)
 
     def clear(self) -> None:
         """Lose every cached block (a worker restart). Blocks in use must be freed first."""

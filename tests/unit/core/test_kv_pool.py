@@ -115,6 +115,7 @@ ops = st.lists(
         st.tuples(st.just("drop"), st.integers(0, 30), st.integers(1, 3)),
         st.tuples(st.just("offload"), st.integers(0, 30), st.integers(1, 3)),
         st.tuples(st.just("prefetch"), st.integers(0, 30), st.integers(1, 3)),
+        st.tuples(st.just("import"), st.integers(0, 30), st.integers(1, 14)),
     ),
     max_size=60,
 )
@@ -149,6 +150,15 @@ def test_random_sequences_keep_integrity(seq: list[tuple[str, int, int]]) -> Non
             pool.offload(list(range(a, a + b)))
         elif op == "prefetch":
             pool.prefetch(list(range(a, a + b)))
+        elif op == "import":
+            hashes = list(range(a, a + b))
+            missing = [h for h in hashes if not pool.holds(h)]
+            room = pool.num_free_blocks
+            used = pool.num_used_blocks
+            n = pool.import_cached(hashes)
+            assert n == min(len(missing), room)
+            assert all(pool.holds(h) for h in missing[:n])  # none evicted by its own import
+            assert pool.num_used_blocks == used  # installed unused
         pool.check_integrity()
         assert pool.num_used_blocks == len({x for h in held for x in h})
     for h in held:
