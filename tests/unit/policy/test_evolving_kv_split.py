@@ -65,3 +65,20 @@ def test_planner_stays_mixed_when_decode_kv_would_not_fit_on_the_decode_node() -
     nodes, p = _loaded_planner_view(decode_blocks=600)  # 1,200 blocks > 850 on one node
     assert p.plan(cluster(*nodes), 30.0) == []  # type: ignore[attr-defined]
     assert p.plan(cluster(*nodes), 35.0) == []  # type: ignore[attr-defined]
+
+
+def test_planner_stays_mixed_when_prefill_work_rounds_to_no_node() -> None:
+    # decode-heavy load past the mixed threshold, little uncached prefill: a split would
+    # dedicate one of the two nodes to a sliver of prefill work
+    p = planner()
+    nodes = [FakeNode(i, Role.MIXED, num_running_decodes=40) for i in range(2)]
+    for t in range(30):
+        p.observe(finished(float(t), prompt=1000, cached_tokens=900, out=9000))
+    assert p.plan(cluster(*nodes), 30.0) == []
+    assert p.plan(cluster(*nodes), 35.0) == []
+    # the same load with mixing switched off (threshold 0) still splits
+    off = planner(mixed_below_utilisation=0.0)
+    for t in range(30):
+        off.observe(finished(float(t), prompt=1000, cached_tokens=900, out=9000))
+    off.plan(cluster(*nodes), 30.0)
+    assert {c.new_role for c in off.plan(cluster(*nodes), 35.0)} == {Role.PREFILL, Role.DECODE}

@@ -136,7 +136,8 @@ class EvolvingPlanner:
         """(prefill, decode, mixed) nodes wanted. Under light load every node is mixed:
         prefill interference costs little there and any node can take a session back where
         its context lives; past `mixed_below_utilisation` the split disaggregates, unless
-        the running decodes' KV would not fit on its decode nodes."""
+        prefill's share of the work rounds to no node or the running decodes' KV would
+        not fit on the split's decode nodes."""
         threshold = self.config.mixed_below_utilisation
         if self._split:
             threshold *= 0.8  # a band, so load near the threshold does not flap the roles
@@ -144,9 +145,13 @@ class EvolvingPlanner:
             self._split = False
             return 0, 0, num_nodes
         p = self.target_prefill_nodes(need_p, need_d, num_nodes)
-        if self._need_d_kv > num_nodes - p:
-            # the running decodes' KV would not fit on the split's decode nodes, where
-            # mixed nodes hold it together: splitting would queue hand-offs for KV room
+        share_p = num_nodes * need_p / (need_p + need_d)
+        mixing = self.config.mixed_below_utilisation > 0  # 0: never mixed by load
+        if mixing and (share_p < 0.5 or self._need_d_kv > num_nodes - p):
+            # prefill's share rounds to no node: a split would give a whole node to a
+            # fraction of one's work and take it from decode; or the running decodes' KV
+            # would not fit on the split's decode nodes, where mixed nodes hold it
+            # together (hand-offs would queue for KV room)
             self._split = False
             return 0, 0, num_nodes
         self._split = True
