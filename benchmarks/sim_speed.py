@@ -65,6 +65,8 @@ def measure(
         "requests": float(s["num_requests"]),
         "unfinished": float(s["num_unfinished"]),
         "p95_ttft_s": float(s["p95_ttft_s"]),
+        "mean_e2e_s": float(s["mean_e2e_s"]),
+        "kv_hit_rate": float(s["kv_hit_rate"]),
         "max_rss_gib": max_rss_gib,
     }
 
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         "| system | GPUs | sim s | wall s | events | events/s | sim s / wall s"
         " | wall us / GPU-s | CPU s | CPU us / GPU-s | 1 h of 256 GPUs (CPU)"
-        " | requests | unfinished | P95 TTFT s | peak RSS GiB |"
+        " | requests | unfinished | mean e2e s | P95 TTFT s | KV hit | peak RSS GiB |"
     )
     print(header)
     print("| --- |" + " ---: |" * (header.count("|") - 2))
@@ -108,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                     f" | {m['sim_s_per_wall_s']:.2f} | {m['us_per_gpu_s']:.0f}"
                     f" | {m['cpu_s']:.1f} | {m['cpu_us_per_gpu_s']:.0f}"
                     f" | {hour_256_min:.1f} min | {m['requests']:.0f} | {m['unfinished']:.0f}"
-                    f" | {m['p95_ttft_s']:.3f} | {m['max_rss_gib']:.1f} |",
+                    f" | {m['mean_e2e_s']:.3f} | {m['p95_ttft_s']:.3f} | {m['kv_hit_rate']:.3f}"
+                    f" | {m['max_rss_gib']:.1f} |",
                     flush=True,
                 )
     return 0
