@@ -31,6 +31,12 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     )
     p.add_argument("--quick", action="store_true", help="shortened runs, first seed only")
     p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        help="run these seeds instead of the scenario's (e.g. --seeds 0: one full-length seed)",
+    )
+    p.add_argument(
         "--resume", action="store_true", help="reuse runs already stored in --out (same config)"
     )
     p.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNGs")
@@ -41,6 +47,8 @@ def reproduce_command(args: argparse.Namespace, out: Path) -> str:
     parts = ["evinfra", "bench", str(args.scenario), "--out", str(out)]
     if args.quick:
         parts.append("--quick")
+    if args.seeds:
+        parts += ["--seeds", *map(str, args.seeds)]
     return shlex.join(parts)
 
 
@@ -56,6 +64,11 @@ def run_bench_command(args: argparse.Namespace) -> int:
     except ScenarioError as exc:
         print(f"evinfra bench: error: {exc}", file=sys.stderr)
         return 2
+    if args.seeds:
+        if len(set(args.seeds)) != len(args.seeds):
+            print("evinfra bench: error: --seeds: duplicate seed", file=sys.stderr)
+            return 2
+        scenario = scenario.model_copy(update={"seeds": list(args.seeds)})
     out = Path(args.out) if args.out else Path("runs") / scenario.name
 
     def log(line: str) -> None:

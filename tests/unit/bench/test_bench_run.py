@@ -139,6 +139,23 @@ def test_cli_resume_and_errors(
     assert "base: num_gpus" in capsys.readouterr().err
 
 
+def test_cli_seeds_override(
+    tmp_path: Path, scenario_data: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario_data["systems"] = ["oracle"]
+    scenario_data["seeds"] = [0, 1, 2]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario_data))
+    out = tmp_path / "out"
+    argv = [str(path), "--out", str(out), "--jobs", "1", "--no-plots", "--seeds", "5"]
+    assert run_cli(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["seeds"] == [5]
+    assert "--seeds 5" in (out / "report.md").read_text()  # the command reproduces it
+    assert run_cli([*argv[:-1], "5", "5"]) == 2
+    assert "--seeds: duplicate seed" in capsys.readouterr().err
+
+
 def test_mooncake_trace_scenario_expands() -> None:
     path = REPO / "benchmarks" / "mooncake-conversation.yaml"
     trace = REPO.parent / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl"
