@@ -105,9 +105,9 @@ FIXED_COSTS: dict[str, FixedCosts] = {
     # medians measured at zero load by `run_side_by_side.sh --probe` (30 requests of 512 to
     # 4,096 tokens each, one every 0.6 s; results/probe/probe.json): measured minus
     # simulated TTFT, aggregated deployments for the API, disaggregated minus aggregated
-    # for the hand-off. Three probes (at 546aee1, 08039f3, 407868d) spread by about 1.5 ms
-    # (evinfra API 5.5-7.1 ms, hand-off 8.3-9.3 ms; Dynamo API 4.3-4.7 ms, hand-off
-    # 0.4-1.1 ms on top of the decode pass the simulator now models); the last is used
+    # for the hand-off. Three probes against this model spread by about 1.5 ms (evinfra
+    # API 5.5-7.1 ms, hand-off 8.3-9.3 ms; Dynamo API 4.3-4.7 ms, hand-off 0.4-1.1 ms on
+    # top of the decode pass the simulator models); the last (407868d) is used
     "evinfra": FixedCosts(api_overhead_s=0.0064, handoff_overhead_s=0.0093),
     "dynamo": FixedCosts(api_overhead_s=0.0043, handoff_overhead_s=0.0004),
 }
