@@ -103,7 +103,7 @@ def evinfra_server_stats(url: str) -> dict[str, Any]:
         nodes = httpx.get(f"{url}/admin/nodes", timeout=5.0).json()["nodes"]
     except (httpx.HTTPError, ValueError, KeyError) as exc:
         return {"server_stats_error": f"{type(exc).__name__}: {exc}"}
-    values: dict[str, float] = {}
+    values: dict[str, Any] = {}
     busy: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("#") or " " not in line:
@@ -306,6 +306,9 @@ class SideBySide:
         if self.args.workloads:
             runs = [r for r in runs if r.name in self.args.workloads.split(",")]
         deps = default_deployments(self.args.num_nodes)
+        if self.args.evinfra_option:
+            opts = tuple(tuple(o.split("=", 1)) for o in self.args.evinfra_option)
+            deps = [replace(d, system_options=opts) if d.kind == "evinfra" else d for d in deps]
         if self.args.deployments:
             deps = [d for d in deps if d.label in self.args.deployments.split(",")]
         started = time.monotonic()
@@ -364,6 +367,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-aiperf", action="store_true")
     p.add_argument("--probe", action="store_true", help="only the zero-load fixed-cost probe")
     p.add_argument("--num-nodes", type=int, default=2, help="nodes per deployment")
+    p.add_argument(
+        "--evinfra-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a system option for evinfra (serve and sim), repeatable",
+    )
     p.add_argument(
         "--agent-num-blocks",
         type=int,
