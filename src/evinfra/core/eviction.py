@@ -93,8 +93,9 @@ class ScoredEviction:
         they lose ties), and they stay unscored."""
         self._heap: list[tuple[float, int, int]] = []
         self._live: dict[int, tuple[float, int]] = {}
-        self._pending: dict[int, int] = {}
-        """block id -> sequence number, in the order added, not yet scored."""
+        self._pending: OrderedDict[int, int] = OrderedDict()
+        """block id -> sequence number, in the order added, not yet scored (ordered: a
+        partial flush takes them from the front)."""
         self._hash_of: dict[int, int] = {}
         self._id_of: dict[int, int] = {}
         self._seq = 0
@@ -124,11 +125,25 @@ class ScoredEviction:
             if h is not None and id_of.get(h) == block_id:
                 del id_of[h]
 
-    def _flush(self) -> None:
-        for block_id, seq in self._pending.items():
-            self._push(block_id, self._scorer(self._hash_of[block_id]), seq)
-        self.num_scored += len(self._pending)
-        self._pending.clear()
+    def _flush(self, until_floor: bool = False) -> None:
+        """Score the unscored candidates, oldest first; with `until_floor` (and a known
+        `min_score`) stop at the first one that scores at the floor: it beats every one
+        left (same score or higher, added later)."""
+        pending, scorer, hash_of = self._pending, self._scorer, self._hash_of
+        floor = self._min_score if until_floor else None
+        if floor is None:
+            for block_id, seq in pending.items():
+                self._push(block_id, scorer(hash_of[block_id]), seq)
+            self.num_scored += len(pending)
+            pending.clear()
+        else:
+            while pending:
+                block_id, seq = pending.popitem(last=False)
+                score = scorer(hash_of[block_id])
+                self._push(block_id, score, seq)
+                self.num_scored += 1
+                if score <= floor:
+                    break
         if len(self._heap) > 4 * len(self._live) + 64:
             self._heap = [(sc, sq, b) for b, (sc, sq) in self._live.items()]
             heapq.heapify(self._heap)
@@ -162,7 +177,7 @@ class ScoredEviction:
         score rose since it was read (its session's plans changed) goes back in the heap
         with the new score, so stale scores never evict a block that became valuable."""
         if self._pending and not self._floor_on_top():
-            self._flush()
+            self._flush(until_floor=True)
         heap = self._heap
         while heap:
             score, seq, block_id = heapq.heappop(heap)

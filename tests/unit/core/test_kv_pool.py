@@ -215,11 +215,11 @@ def test_floor_candidate_is_evicted_without_scoring_newer_blocks() -> None:
     ev = ScoredEviction(score, min_score=-2.0)
     ev.add(0, 0)
     ev.add(50, 50)
-    assert ev.pop() == 0  # scores both; 50 stays, scored at the floor
+    assert ev.pop() == 0  # scoring stops at 0, at the floor: 50 stays unscored
     for b in range(1, 41):
         ev.add(b, b)
     reads.clear()
     assert ev.pop() == 50
-    assert reads == [50]  # the victim's re-read only: the 40 newer blocks stay unscored
+    assert reads == [50, 50]  # scored (the floor: stop) and re-read; 40 newer unscored
     assert ev.pop() == 1  # no floor candidate left: now they are scored, LRU among equals
-    assert len(reads) == 1 + 40 + 1
+    assert len(reads) == 2 + 40 + 1
