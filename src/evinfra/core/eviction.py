@@ -31,6 +31,9 @@ class EvictionPolicy(Protocol):
     def pop(self) -> int | None:
         """Remove and return the next victim, or None when there is none."""
 
+    def bind_index(self, block_of: Callable[[int], int | None]) -> None:
+        """The pool tells where each hash is held (for strategies that look hashes up)."""
+
     def __len__(self) -> int: ...
 
     def __contains__(self, block_id: object) -> bool: ...
@@ -55,6 +58,9 @@ class LRUEviction:
         pop = self._order.pop
         for block_id in block_ids:
             pop(block_id, None)
+
+    def bind_index(self, block_of: Callable[[int], int | None]) -> None:
+        """LRU never looks hashes up."""
 
     def pop(self) -> int | None:
         if not self._order:
@@ -83,6 +89,8 @@ class ScoredEviction:
     Scores are read lazily: a block added is scored when a victim is next needed (most
     freed blocks are hit again before that and never cost a score), and `rescore` re-reads
     the score of blocks whose signals changed (a session went to a tool, came back...).
+    A candidate's content hash travels with its entry; hash -> block lookups for
+    `rescore_hashes` go to the pool's own index (`bind_index`), not to a copy of it.
     """
 
     def __init__(self, scorer: BlockScorer, min_score: float | None = None) -> None:
@@ -92,85 +100,83 @@ class ScoredEviction:
         is the next victim whatever the unscored ones score (they were added later, so
         they lose ties), and they stay unscored."""
         self._heap: list[tuple[float, int, int]] = []
-        self._live: dict[int, tuple[float, int]] = {}
-        self._pending: OrderedDict[int, int] = OrderedDict()
-        """block id -> sequence number, in the order added, not yet scored (ordered: a
-        partial flush takes them from the front)."""
-        self._hash_of: dict[int, int] = {}
-        self._id_of: dict[int, int] = {}
+        self._live: dict[int, tuple[float, int, int]] = {}
+        """block id -> (score, sequence number, hash) of scored candidates."""
+        self._pending: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        """block id -> (sequence number, hash), in the order added, not yet scored
+        (ordered: a partial flush takes them from the front)."""
+        self._block_of: Callable[[int], int | None] | None = None
         self._seq = 0
         self.num_scored = 0
 
+    def bind_index(self, block_of: Callable[[int], int | None]) -> None:
+        """Where `rescore_hashes` finds the block holding a hash (the pool's index)."""
+        self._block_of = block_of
+
     def add(self, block_id: int, block_hash: int) -> None:
-        self._hash_of[block_id] = block_hash
-        self._id_of[block_hash] = block_id
         self._seq += 1
-        self._pending[block_id] = self._seq
+        self._pending[block_id] = (self._seq, block_hash)
 
     def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> None:
-        # dict updates from zips run in C: a freed 100k-token context is 1,600 blocks
-        self._hash_of.update(zip(block_ids, block_hashes, strict=True))
-        self._id_of.update(zip(block_hashes, block_ids, strict=True))
+        # one dict update from zips, in C: a freed 100k-token context is 1,600 blocks
         start = self._seq + 1
-        self._pending.update(zip(block_ids, count(start)))
+        self._pending.update(
+            zip(block_ids, zip(count(start), block_hashes, strict=False), strict=True)
+        )
         self._seq = start + len(block_ids) - 1
+
+    def remove(self, block_id: int) -> None:
+        self._live.pop(block_id, None)
+        self._pending.pop(block_id, None)
 
     def remove_many(self, block_ids: Sequence[int]) -> None:
         live_pop, pending_pop = self._live.pop, self._pending.pop
-        hash_pop, id_of = self._hash_of.pop, self._id_of
         for block_id in block_ids:
             live_pop(block_id, None)
             pending_pop(block_id, None)
-            h = hash_pop(block_id, None)
-            if h is not None and id_of.get(h) == block_id:
-                del id_of[h]
 
     def _flush(self, until_floor: bool = False) -> None:
         """Score the unscored candidates, oldest first; with `until_floor` (and a known
         `min_score`) stop at the first one that scores at the floor: it beats every one
         left (same score or higher, added later)."""
-        pending, scorer, hash_of = self._pending, self._scorer, self._hash_of
+        pending, scorer, push = self._pending, self._scorer, self._push
         floor = self._min_score if until_floor else None
         if floor is None:
-            for block_id, seq in pending.items():
-                self._push(block_id, scorer(hash_of[block_id]), seq)
+            for block_id, (seq, h) in pending.items():
+                push(block_id, scorer(h), seq, h)
             self.num_scored += len(pending)
             pending.clear()
         else:
             while pending:
-                block_id, seq = pending.popitem(last=False)
-                score = scorer(hash_of[block_id])
-                self._push(block_id, score, seq)
+                block_id, (seq, h) = pending.popitem(last=False)
+                score = scorer(h)
+                push(block_id, score, seq, h)
                 self.num_scored += 1
                 if score <= floor:
                     break
         if len(self._heap) > 4 * len(self._live) + 64:
-            self._heap = [(sc, sq, b) for b, (sc, sq) in self._live.items()]
+            self._heap = [(sc, sq, b) for b, (sc, sq, _) in self._live.items()]
             heapq.heapify(self._heap)
 
-    def _push(self, block_id: int, score: float, seq: int) -> None:
-        self._live[block_id] = (score, seq)
+    def _push(self, block_id: int, score: float, seq: int, block_hash: int) -> None:
+        self._live[block_id] = (score, seq, block_hash)
         heapq.heappush(self._heap, (score, seq, block_id))
 
     def rescore_hashes(self, hashes: Iterable[int]) -> None:
         """Re-read the score of the candidates holding these hashes (others are ignored)."""
-        id_of = self._id_of
-        self.rescore([id_of[h] for h in hashes if h in id_of])
+        block_of = self._block_of
+        if block_of is None:  # not attached to a pool: look the candidates up here
+            block_of = {h: b for b, (_, _, h) in self._live.items()}.get
+        self.rescore([b for b in map(block_of, hashes) if b is not None])
 
     def rescore(self, block_ids: list[int]) -> None:
+        live, scorer = self._live, self._scorer
         for block_id in block_ids:
-            entry = self._live.get(block_id)
+            entry = live.get(block_id)
             if entry is not None:
                 # keep the LRU position among equals: reuse the old sequence number
-                self._push(block_id, self._scorer(self._hash_of[block_id]), entry[1])
+                self._push(block_id, scorer(entry[2]), entry[1], entry[2])
         self.num_scored += len(block_ids)
-
-    def remove(self, block_id: int) -> None:
-        self._live.pop(block_id, None)
-        self._pending.pop(block_id, None)
-        h = self._hash_of.pop(block_id, None)
-        if h is not None and self._id_of.get(h) == block_id:
-            del self._id_of[h]
 
     def pop(self) -> int | None:
         """The lowest-scored candidate. Its score is read again first: a block whose
@@ -178,20 +184,21 @@ class ScoredEviction:
         with the new score, so stale scores never evict a block that became valuable."""
         if self._pending and not self._floor_on_top():
             self._flush(until_floor=True)
-        heap = self._heap
+        heap, live = self._heap, self._live
         while heap:
             score, seq, block_id = heapq.heappop(heap)
-            if self._live.get(block_id) != (score, seq):
+            entry = live.get(block_id)
+            if entry is None or entry[1] != seq or entry[0] != score:
                 continue
-            current = self._scorer(self._hash_of[block_id])
+            current = self._scorer(entry[2])
             self.num_scored += 1
             if current > score and self._pending:
                 self._flush()  # it rose: compare with every candidate, unscored ones too
                 heap = self._heap  # (a flush may rebuild the heap)
             if current > score and heap and current > heap[0][0]:
-                self._push(block_id, current, seq)
+                self._push(block_id, current, seq, entry[2])
                 continue
-            self.remove(block_id)
+            del live[block_id]
             return block_id
         if self._pending:
             self._flush()
@@ -203,7 +210,8 @@ class ScoredEviction:
         if self._min_score is None or not self._heap:
             return False
         score, seq, block_id = self._heap[0]
-        return score <= self._min_score and self._live.get(block_id) == (score, seq)
+        entry = self._live.get(block_id)
+        return score <= self._min_score and entry is not None and entry[:2] == (score, seq)
 
     def __len__(self) -> int:
         return len(self._live) + len(self._pending)

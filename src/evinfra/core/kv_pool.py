@@ -63,6 +63,7 @@ class KVPool:
         self.num_dropped_blocks = 0
         self.listener: PoolListenerLike | None = None
         """Told of every hash indexed or forgotten (the cluster-wide block index)."""
+        self.eviction.bind_index(self._index.get)
 
     # -- queries ---------------------------------------------------------------------
     @property

@@ -131,7 +131,7 @@ def test_random_sequences_keep_integrity(seq: list[tuple[str, int, int]]) -> Non
             # a sequence: cached prefix from hashes b.., then new blocks
             hashes = list(range(b, b + a))
             m = pool.match_prefix(hashes)
-            if not pool.can_allocate(a - m.num_device_blocks):
+            if not pool.can_allocate_after(a - m.num_device_blocks, hashes[: m.num_device_blocks]):
                 continue
             got = pool.acquire_cached(hashes[: m.num_device_blocks])
             new = pool.try_allocate(a - m.num_device_blocks)
@@ -223,3 +223,21 @@ def test_floor_candidate_is_evicted_without_scoring_newer_blocks() -> None:
     assert reads == [50, 50]  # scored (the floor: stop) and re-read; 40 newer unscored
     assert ev.pop() == 1  # no floor candidate left: now they are scored, LRU among equals
     assert len(reads) == 2 + 40 + 1
+
+
+def test_rescore_by_hash_finds_blocks_through_the_pool_index() -> None:
+    scores = {10: 0.0, 11: 0.0, 12: 0.0}
+    ev = ScoredEviction(lambda h: scores[h])
+    pool = KVPool(3, eviction=ev)
+    ids = pool.try_allocate(3)
+    assert ids is not None
+    for b, h in zip(ids, (10, 11, 12), strict=True):
+        pool.commit(b, h)
+    pool.free(ids)  # tail first: 12, 11, 10 in eviction order at equal scores
+    assert pool.try_allocate(1) is not None  # scores all three, evicts 12
+    assert not pool.holds(12) and pool.holds(11)
+    scores[11] = 5.0
+    ev.rescore_hashes([11, 12, 99])  # 12 is gone and 99 never was: ignored
+    assert pool.try_allocate(1) is not None
+    assert pool.holds(11) and not pool.holds(10)  # 11 now outranks 10
+    pool.check_integrity()

@@ -36,7 +36,13 @@ SHAPE = ClusterShape(
     num_host_blocks_per_node=0, kv_bytes_per_token=1024, max_num_batched_tokens=2048,
     max_num_seqs=64, cost_model=node_cost_model(ExecutorSpec(kind="timed", model="tiny"), BLOCK),
 )  # fmt: skip
-OPTIONS: dict[str, object] = {"planner_interval_s": 1.0, "min_dwell_s": 0.0}
+# the planner's light-load rule (every node mixed below half load) is off so that this
+# decode-heavy minute makes it switch roles both ways
+OPTIONS: dict[str, object] = {
+    "planner_interval_s": 1.0,
+    "min_dwell_s": 0.0,
+    "mixed_below_utilisation": 0.0,
+}
 
 
 def make_bundle() -> SystemBundle:

@@ -17,7 +17,7 @@ the highest `priority` hint of the requests whose prompt held it.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from evinfra.core.eviction import EvictionPolicy, ScoredEviction
 from evinfra.core.types import Request
@@ -36,44 +36,28 @@ class HashScoredEviction:
 
     def __init__(self, scorer: ScoredEviction) -> None:
         self._inner = scorer
-        self._block_of: dict[int, int] = {}
-        self._hash_of: dict[int, int] = {}
+
+    def bind_index(self, block_of: Callable[[int], int | None]) -> None:
+        self._inner.bind_index(block_of)
 
     def add(self, block_id: int, block_hash: int) -> None:
         self._inner.add(block_id, block_hash)
-        self._block_of[block_hash] = block_id
-        self._hash_of[block_id] = block_hash
 
     def remove(self, block_id: int) -> None:
         self._inner.remove(block_id)
-        self._forget(block_id)
 
     def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> None:
         self._inner.add_many(block_ids, block_hashes)
-        self._block_of.update(zip(block_hashes, block_ids, strict=True))
-        self._hash_of.update(zip(block_ids, block_hashes, strict=True))
 
     def remove_many(self, block_ids: Sequence[int]) -> None:
         self._inner.remove_many(block_ids)
-        for block_id in block_ids:
-            self._forget(block_id)
 
     def pop(self) -> int | None:
-        block_id = self._inner.pop()
-        if block_id is not None:
-            self._forget(block_id)
-        return block_id
+        return self._inner.pop()
 
     def rescore_hashes(self, hashes: Iterable[int]) -> None:
         """Re-read the scores of the evictable blocks holding `hashes`."""
-        ids = [self._block_of[h] for h in hashes if h in self._block_of]
-        if ids:
-            self._inner.rescore(ids)
-
-    def _forget(self, block_id: int) -> None:
-        block_hash = self._hash_of.pop(block_id, None)
-        if block_hash is not None and self._block_of.get(block_hash) == block_id:
-            del self._block_of[block_hash]
+        self._inner.rescore_hashes(hashes)
 
     def __len__(self) -> int:
         return len(self._inner)
