@@ -1,7 +1,8 @@
 """The agent-aware KV manager: eviction by expected next use, dead blocks freed at once."""
 
-from evinfra.core.eviction import LRUEviction, ScoredEviction
+from evinfra.core.eviction import LRUEviction
 from evinfra.core.kv_pool import KVPool
+from evinfra.core.tiered_eviction import TieredEviction
 from evinfra.core.types import AgentHints, ContextEvent, Request
 from evinfra.policy.base import DropBlocks, PrefetchBlocks
 from evinfra.policy.evolving.kv_manager import AgentKVManager, KVManagerConfig
@@ -37,7 +38,7 @@ def test_session_back_soon_outlives_one_away_long() -> None:
     kv.on_finish(soon, 0, 1.0)
     pool.free(ids_late)
     kv.on_finish(late, 0, 1.0)
-    assert isinstance(pool.eviction, ScoredEviction)
+    assert isinstance(pool.eviction, TieredEviction)
     # the long wait goes first, tail before head among equals; the short wait stays
     got = pool.try_allocate(4)
     assert got is not None

@@ -12,10 +12,17 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from evinfra.core.eviction import EvictionPolicy, LRUEviction, ScoredEviction
+from evinfra.core.eviction import EvictionPolicy, LRUEviction
+from evinfra.core.tiered_eviction import TieredEviction
 from evinfra.core.types import Request
 from evinfra.policy.base import ClusterView, DropBlocks, KVAction, PrefetchBlocks
-from evinfra.policy.evolving.sessions import TIER_AWAY, SessionEntry, SessionTable
+from evinfra.policy.evolving.sessions import (
+    TIER_ACTIVE,
+    TIER_AWAY,
+    TIER_SHARED,
+    SessionEntry,
+    SessionTable,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +42,7 @@ class AgentKVManager:
     table: SessionTable
     config: KVManagerConfig = field(default_factory=KVManagerConfig)
     now_s: float = 0.0
-    policies: dict[int, ScoredEviction] = field(default_factory=dict)
+    policies: dict[int, TieredEviction] = field(default_factory=dict)
     _prefetch_due: list[tuple[float, tuple[str, float]]] = field(default_factory=list)
     _overdue_due: list[tuple[float, tuple[str, float]]] = field(default_factory=list)
     num_dropped_blocks: int = 0
@@ -49,7 +56,7 @@ class AgentKVManager:
         def score(block_hash: int) -> float:
             return table.keep_score(block_hash, node_id, self.now_s)
 
-        policy = ScoredEviction(score, min_score=TIER_AWAY)
+        policy = TieredEviction(score, (TIER_AWAY, TIER_ACTIVE, TIER_SHARED))
         self.policies[node_id] = policy
         return policy
 

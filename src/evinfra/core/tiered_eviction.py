@@ -1,0 +1,128 @@
+"""Eviction by a few discrete tiers, least recently freed first inside a tier.
+
+When a scorer gives only a handful of values (the agent-aware KV manager's tiers: away,
+active, shared), a heap of per-block scores is more machinery than the order needs: one
+ordered list per tier gives the victim in O(1) and never holds stale entries. Blocks are
+scored lazily, oldest first, and only as far as a victim needs: a block scored at the
+lowest tier beats every block freed after it.
+
+Order: the lowest tier first; inside a tier, the order in which blocks entered it (a
+block scored when freed enters in free order; a block whose tier changes on `rescore`
+enters its new tier last, and keeps its place when its tier stays the same).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+
+from evinfra.core.eviction import BlockScorer
+
+_MISSING = object()
+
+
+class TieredEviction:
+    def __init__(self, scorer: BlockScorer, tiers: Sequence[float]) -> None:
+        if not tiers or sorted(set(tiers)) != list(tiers):
+            raise ValueError(f"tiers must be distinct and ascending, got {list(tiers)}")
+        self._scorer = scorer
+        self._tier_index = {score: i for i, score in enumerate(tiers)}
+        self._tiers: list[OrderedDict[int, int]] = [OrderedDict() for _ in tiers]
+        """Per tier, block id -> hash, in the order they entered the tier."""
+        self._pending: OrderedDict[int, int] = OrderedDict()
+        """Block id -> hash, freed and not scored yet, oldest first."""
+        self._block_of: Callable[[int], int | None] | None = None
+        self.num_scored = 0
+
+    def bind_index(self, block_of: Callable[[int], int | None]) -> None:
+        self._block_of = block_of
+
+    def _tier(self, block_hash: int) -> int:
+        score = self._scorer(block_hash)
+        self.num_scored += 1
+        index = self._tier_index.get(score)
+        if index is None:
+            raise ValueError(f"score {score} is not one of the tiers {list(self._tier_index)}")
+        return index
+
+    def add(self, block_id: int, block_hash: int) -> None:
+        self._pending[block_id] = block_hash
+
+    def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> None:
+        self._pending.update(zip(block_ids, block_hashes, strict=True))
+
+    def remove(self, block_id: int) -> None:
+        if self._pending.pop(block_id, _MISSING) is _MISSING:
+            for tier in self._tiers:
+                if tier.pop(block_id, _MISSING) is not _MISSING:
+                    return
+
+    def remove_many(self, block_ids: Sequence[int]) -> None:
+        pending_pop, tiers = self._pending.pop, self._tiers
+        for block_id in block_ids:
+            if pending_pop(block_id, _MISSING) is _MISSING:
+                for tier in tiers:
+                    if tier.pop(block_id, _MISSING) is not _MISSING:
+                        break
+
+    def pop(self) -> int | None:
+        """The oldest block of the lowest tier, its tier read again first (a block whose
+        tier changed since it was read moves to its new tier and the search goes on)."""
+        tiers, pending = self._tiers, self._pending
+        floor = tiers[0]
+        # score the unscored, oldest first, until one lands in the lowest tier: it beats
+        # every block freed after it (they would enter a tier after it)
+        just_scored = None
+        while True:
+            while not floor and pending:
+                just_scored, block_hash = pending.popitem(last=False)
+                tiers[self._tier(block_hash)][just_scored] = block_hash
+            lowest = next((t for t in tiers if t), None)
+            if lowest is None:
+                return None
+            block_id, block_hash = next(iter(lowest.items()))
+            if block_id != just_scored:
+                index = self._tier(block_hash)
+                if tiers[index] is not lowest:  # its tier changed: it enters the new one
+                    del lowest[block_id]
+                    tiers[index][block_id] = block_hash
+                    continue
+            del lowest[block_id]
+            return block_id
+
+    def rescore_hashes(self, hashes: Iterable[int]) -> None:
+        """Re-read the tier of the candidates holding these hashes (others are ignored)."""
+        block_of = self._block_of
+        if block_of is None:  # not attached to a pool: look the candidates up here
+            block_of = {h: b for tier in self._tiers for b, h in tier.items()}.get
+        self.rescore([b for b in map(block_of, hashes) if b is not None])
+
+    def rescore(self, block_ids: Iterable[int]) -> None:
+        tiers = self._tiers
+        for block_id in block_ids:
+            for tier in tiers:
+                block_hash = tier.get(block_id)
+                if block_hash is not None:
+                    index = self._tier(block_hash)
+                    if tiers[index] is not tier:
+                        del tier[block_id]
+                        tiers[index][block_id] = block_hash
+                    break
+
+    def order(self) -> list[int]:
+        """The eviction order if nothing changed: scored tiers, then unscored blocks by
+        their tier now (for tests and debugging; reads scores, changes nothing)."""
+        pending_by_tier: list[list[int]] = [[] for _ in self._tiers]
+        for block_id, block_hash in self._pending.items():
+            score = self._scorer(block_hash)
+            pending_by_tier[self._tier_index[score]].append(block_id)
+        out: list[int] = []
+        for tier, later in zip(self._tiers, pending_by_tier, strict=True):
+            out += list(tier) + later
+        return out
+
+    def __len__(self) -> int:
+        return len(self._pending) + sum(len(t) for t in self._tiers)
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._pending or any(block_id in t for t in self._tiers)
