@@ -80,8 +80,9 @@ def replay_argv(
 
 
 SIM_SYSTEMS: dict[str, tuple[str, dict[str, Any]]] = {
-    # the serve runtime's workers have no host tier: the simulated evolving gets none either
-    "evinfra": ("evolving", {"host_tier": False}),
+    # the serve runtime's workers have no host tier and move no prefixes between them
+    # (its router plans no pulls): the simulated evolving gets neither
+    "evinfra": ("evolving", {"host_tier": False, "pull_prefix": False}),
     # Dynamo's frontend over aggregated mocker workers: KV router, every node mixed, LRU
     "dynamo-agg": ("aggregated", {}),
     # 1 prefill + 1 decode mocker, no planner process runs; conditional disaggregation is

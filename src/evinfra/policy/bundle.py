@@ -25,6 +25,9 @@ class ClusterShape:
     """The nodes' step-time model, for policies that predict latency (None: unknown)."""
     transfer_time_s: Callable[[int], float] | None = None
     """Seconds to move a number of KV bytes between two nodes (None: unknown)."""
+    can_pull_prefix: bool = True
+    """Whether the runtime moves a cached prefix from one node to another ahead of a
+    prefill (the simulator does; the servers do not yet): routers plan pulls only then."""
 
 
 @dataclass(slots=True)

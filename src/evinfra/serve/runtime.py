@@ -120,6 +120,7 @@ class LocalCluster:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs, cost_model=config.cost_model,
             transfer_time_s=local_transfer_time_s,
+            can_pull_prefix=False,  # workers do not move prefixes between them yet
         )  # fmt: skip
         self.bundle: SystemBundle = make_system(self.system, shape, dict(config.system_options))
         if len(self.bundle.initial_roles) != config.num_nodes:

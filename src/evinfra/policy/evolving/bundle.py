@@ -93,7 +93,7 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
         table,
         rates,
         RouterConfig(
-            pull_prefix=get_bool(options, "pull_prefix", True),
+            pull_prefix=get_bool(options, "pull_prefix", True) and shape.can_pull_prefix,
             max_local_prefill_tokens=get_int(
                 options, "max_local_prefill_tokens", 4096, min_value=0
             ),
