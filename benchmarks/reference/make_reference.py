@@ -25,10 +25,10 @@ RATE_PER_64_GPUS = {
     ("kimi-k2", "coding"): 10.0,
     ("kimi-k2", "math"): 6.0,
     ("kimi-k2", "computer-use"): 3.0,
-    # mixed: 3, not the 5 of the 200 s probe. Over the full 1,200 s dynamo's planner
-    # re-splits with 300 s cold starts, and its P95 TTFT is 17.8 s at 3, 73 s at 4 and
-    # 160 s at 5 sessions/s (growing without bound): `evinfra sim --system dynamo
-    # --workload mixed --num-gpus 64 --session-rate R --duration-s 1200 --warmup-s 240`
+    # mixed: 3, not the 5 of the 200 s probe: over the full 1,200 s (the scenario's three
+    # composition phases) dynamo's P95 TTFT is 160 s at 5 sessions/s (its planner
+    # re-splits with 300 s cold starts) and 1.0 s at 3 (`evinfra bench
+    # benchmarks/reference/ref-kimi-k2-mixed-64.yaml --seeds 0`)
     ("kimi-k2", "mixed"): 3.0,
     ("glm-5", "coding"): 10.0,
     ("glm-5", "math"): 5.0,
