@@ -183,3 +183,27 @@ def test_a_snapshot_carries_every_load_figure_and_no_index() -> None:
     assert state.match_prefix([1, 2, 3]).num_blocks == 3
     assert snap.match_prefix([1, 2, 3]).num_blocks == 0
     assert len(cloudpickle.dumps(snap)) < 400
+
+
+def test_a_second_failure_of_an_actor_already_replaced_restarts_nothing() -> None:
+    """A plan and a replay in flight on the same dead actor both fail: one death, one
+    restart (it used to restart twice, killing the fresh actor). No Ray session needed:
+    the failures come in by hand and the restart is recorded instead of spawned."""
+    from evinfra.serve.ray_runtime.planner_actor import RemotePlanner
+
+    started: list[int] = []
+
+    class Recording(RemotePlanner):
+        def start(self) -> None:
+            started.append(1)
+            self.actor = f"actor-{len(started)}"
+
+    remote = Recording(make_bundle(), max_restarts=3)
+    remote.start()
+    dead = remote.actor
+    remote._on_death(RuntimeError("gone"), dead)  # the replay noticed it
+    assert remote.num_restarts == 1 and remote.actor == "actor-2"
+    remote._on_death(RuntimeError("gone"), dead)  # the plan call on it failed too
+    assert remote.num_restarts == 1 and remote.actor == "actor-2"
+    remote._on_death(RuntimeError("gone"), remote.actor)  # the new one dies: restart
+    assert remote.num_restarts == 2 and remote.actor == "actor-3"

@@ -126,7 +126,7 @@ class RemotePlanner:
         self._check_last_replay()
         self._events.append(Ticked(ClusterSnapshot.of(view), now_s))
         events, self._events = self._events, []
-        self._last_replay = self.actor.replay.remote(events)
+        self._last_replay = (self.actor, self.actor.replay.remote(events))
         self.num_replay_calls += 1
 
     async def plan(self, view: ClusterView, now_s: float) -> list[RoleChange]:
@@ -135,12 +135,13 @@ class RemotePlanner:
             local: list[RoleChange] = self._planner.plan(view, now_s)
             return local
         events, self._events = self._events, []
-        ref = self.actor.plan.remote(events, ClusterSnapshot.of(view), now_s)
+        actor = self.actor
+        ref = actor.plan.remote(events, ClusterSnapshot.of(view), now_s)
         self.num_plan_calls += 1
         try:
             changes: list[RoleChange] = await asyncio.wait_for(ref, self.plan_timeout_s)
         except Exception as exc:  # dead, hung (TimeoutError) or raising: replace it
-            self._on_death(exc)
+            self._on_death(exc, actor)
             return []
         return changes
 
@@ -150,9 +151,9 @@ class RemotePlanner:
 
     # -- failures -------------------------------------------------------------------------
     def _check_last_replay(self) -> None:
-        ref = self._last_replay
-        if ref is None:
+        if self._last_replay is None:
             return
+        actor, ref = self._last_replay
         ready, _ = ray.wait([ref], timeout=0)
         if not ready:
             return
@@ -160,11 +161,15 @@ class RemotePlanner:
         try:
             ray.get(ref)
         except Exception as exc:
-            self._on_death(exc)
+            self._on_death(exc, actor)
 
-    def _on_death(self, exc: BaseException) -> None:
-        """The actor died, hung past `plan_timeout_s` or raised (its replica may then be
-        half-updated): end it and start a new one, or plan in the frontend."""
+    def _on_death(self, exc: BaseException, actor: Any) -> None:
+        """`actor` died, hung past `plan_timeout_s` or raised (its replica may then be
+        half-updated): end it and start a new one, or plan in the frontend. A failure of
+        an actor already replaced (a plan and a replay both failing on the same dead
+        actor) is ignored: one death, one restart."""
+        if actor is not self.actor:
+            return
         what = "died" if isinstance(exc, ray.exceptions.RayActorError) else "failed"
         reason = failure_reason(exc)
         old, self.actor = self.actor, None
