@@ -93,18 +93,13 @@ class ScoredEviction:
     `rescore_hashes` go to the pool's own index (`bind_index`), not to a copy of it.
     """
 
-    def __init__(self, scorer: BlockScorer, min_score: float | None = None) -> None:
+    def __init__(self, scorer: BlockScorer) -> None:
         self._scorer = scorer
-        self._min_score = min_score
-        """The lowest score the scorer gives, when known: a candidate already scored at it
-        is the next victim whatever the unscored ones score (they were added later, so
-        they lose ties), and they stay unscored."""
         self._heap: list[tuple[float, int, int]] = []
         self._live: dict[int, tuple[float, int, int]] = {}
         """block id -> (score, sequence number, hash) of scored candidates."""
-        self._pending: OrderedDict[int, tuple[int, int]] = OrderedDict()
-        """block id -> (sequence number, hash), in the order added, not yet scored
-        (ordered: a partial flush takes them from the front)."""
+        self._pending: dict[int, tuple[int, int]] = {}
+        """block id -> (sequence number, hash), in the order added, not yet scored."""
         self._block_of: Callable[[int], int | None] | None = None
         self._seq = 0
         self.num_scored = 0
@@ -135,25 +130,12 @@ class ScoredEviction:
             live_pop(block_id, None)
             pending_pop(block_id, None)
 
-    def _flush(self, until_floor: bool = False) -> None:
-        """Score the unscored candidates, oldest first; with `until_floor` (and a known
-        `min_score`) stop at the first one that scores at the floor: it beats every one
-        left (same score or higher, added later)."""
+    def _flush(self) -> None:
         pending, scorer, push = self._pending, self._scorer, self._push
-        floor = self._min_score if until_floor else None
-        if floor is None:
-            for block_id, (seq, h) in pending.items():
-                push(block_id, scorer(h), seq, h)
-            self.num_scored += len(pending)
-            pending.clear()
-        else:
-            while pending:
-                block_id, (seq, h) = pending.popitem(last=False)
-                score = scorer(h)
-                push(block_id, score, seq, h)
-                self.num_scored += 1
-                if score <= floor:
-                    break
+        for block_id, (seq, h) in pending.items():
+            push(block_id, scorer(h), seq, h)
+        self.num_scored += len(pending)
+        pending.clear()
         if len(self._heap) > 4 * len(self._live) + 64:
             self._heap = [(sc, sq, b) for b, (sc, sq, _) in self._live.items()]
             heapq.heapify(self._heap)
@@ -182,8 +164,8 @@ class ScoredEviction:
         """The lowest-scored candidate. Its score is read again first: a block whose
         score rose since it was read (its session's plans changed) goes back in the heap
         with the new score, so stale scores never evict a block that became valuable."""
-        if self._pending and not self._floor_on_top():
-            self._flush(until_floor=True)
+        if self._pending:
+            self._flush()
         heap, live = self._heap, self._live
         while heap:
             score, seq, block_id = heapq.heappop(heap)
@@ -192,26 +174,12 @@ class ScoredEviction:
                 continue
             current = self._scorer(entry[2])
             self.num_scored += 1
-            if current > score and self._pending:
-                self._flush()  # it rose: compare with every candidate, unscored ones too
-                heap = self._heap  # (a flush may rebuild the heap)
             if current > score and heap and current > heap[0][0]:
                 self._push(block_id, current, seq, entry[2])
                 continue
             del live[block_id]
             return block_id
-        if self._pending:
-            self._flush()
-            return self.pop()
         return None
-
-    def _floor_on_top(self) -> bool:
-        """Whether the heap's top is a live candidate at the lowest possible score."""
-        if self._min_score is None or not self._heap:
-            return False
-        score, seq, block_id = self._heap[0]
-        entry = self._live.get(block_id)
-        return score <= self._min_score and entry is not None and entry[:2] == (score, seq)
 
     def __len__(self) -> int:
         return len(self._live) + len(self._pending)

@@ -101,8 +101,11 @@ class KVPool:
     def can_allocate_after(self, num_blocks: int, cached_hashes: Sequence[int]) -> bool:
         """Whether `num_blocks` new blocks fit once `cached_hashes` (all indexed) are
         acquired: acquiring an unused cached block takes it off the evictable count."""
-        ref = self._ref
-        num_taken = list(map(ref.__getitem__, map(self._index.__getitem__, cached_hashes))).count(0)
+        return self._fits_after(num_blocks, list(map(self._index.__getitem__, cached_hashes)))
+
+    def _fits_after(self, num_blocks: int, cached_ids: list[int]) -> bool:
+        # holding an unused cached block takes it off the evictable count
+        num_taken = list(map(self._ref.__getitem__, cached_ids)).count(0)
         return num_blocks <= self.num_free_blocks - num_taken
 
     def match_prefix(self, hashes: Sequence[int]) -> PrefixMatch:
@@ -139,9 +142,7 @@ class KVPool:
         nothing: None (and nothing taken) when the new blocks would not fit once the
         cached ones are held. The cached blocks come first in the list returned."""
         ids = list(map(self._index.__getitem__, cached_hashes))
-        ref = self._ref
-        num_taken = list(map(ref.__getitem__, ids)).count(0)
-        if num_new > self.num_free_blocks - num_taken:
+        if not self._fits_after(num_new, ids):
             return None
         self._acquire(ids)
         new_ids = self.try_allocate(num_new)

@@ -167,64 +167,6 @@ def test_random_sequences_keep_integrity(seq: list[tuple[str, int, int]]) -> Non
     assert pool.num_used_blocks == 0
 
 
-@settings(max_examples=150, deadline=None)
-@given(
-    st.lists(
-        st.tuples(st.sampled_from(["add", "remove", "pop", "rescore"]), st.integers(0, 30)),
-        max_size=80,
-    ),
-    st.lists(st.sampled_from([-2.0, -1.0, 0.0]), min_size=31, max_size=31),
-)
-def test_scored_eviction_with_a_known_floor_evicts_the_same_and_scores_less(
-    ops: list[tuple[str, int]], tiers: list[float]
-) -> None:
-    """With `min_score` (the scorer's lowest tier) a candidate already scored at the floor
-    is evicted without scoring the blocks freed since: same victims, fewer score reads."""
-    scores = dict(enumerate(tiers))  # block hash == block id here; scores may change
-    plain = ScoredEviction(lambda h: scores[h])
-    floored = ScoredEviction(lambda h: scores[h], min_score=-2.0)
-    held: set[int] = set()
-    for op, b in ops:
-        if op == "add" and b not in held:
-            plain.add(b, b)
-            floored.add(b, b)
-            held.add(b)
-        elif op == "remove":
-            plain.remove(b)
-            floored.remove(b)
-            held.discard(b)
-        elif op == "pop":
-            victim = plain.pop()
-            assert floored.pop() == victim
-            held.discard(victim if victim is not None else -1)
-        elif op == "rescore":
-            scores[b] = min(scores[b] + 1.0, 0.0)
-            plain.rescore([b])
-            floored.rescore([b])
-        assert len(plain) == len(floored)
-    assert floored.num_scored <= plain.num_scored
-
-
-def test_floor_candidate_is_evicted_without_scoring_newer_blocks() -> None:
-    reads: list[int] = []
-
-    def score(h: int) -> float:
-        reads.append(h)
-        return -2.0 if h in (0, 50) else 0.0
-
-    ev = ScoredEviction(score, min_score=-2.0)
-    ev.add(0, 0)
-    ev.add(50, 50)
-    assert ev.pop() == 0  # scoring stops at 0, at the floor: 50 stays unscored
-    for b in range(1, 41):
-        ev.add(b, b)
-    reads.clear()
-    assert ev.pop() == 50
-    assert reads == [50, 50]  # scored (the floor: stop) and re-read; 40 newer unscored
-    assert ev.pop() == 1  # no floor candidate left: now they are scored, LRU among equals
-    assert len(reads) == 2 + 40 + 1
-
-
 def test_rescore_by_hash_finds_blocks_through_the_pool_index() -> None:
     scores = {10: 0.0, 11: 0.0, 12: 0.0}
     ev = ScoredEviction(lambda h: scores[h])

@@ -17,7 +17,6 @@ the highest `priority` hint of the requests whose prompt held it.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Sequence
 
 from evinfra.core.eviction import EvictionPolicy, ScoredEviction
 from evinfra.core.types import Request
@@ -28,42 +27,6 @@ PIN_TTL_MIN_S = 300.0
 PIN_TTL_MAX_S = 3600.0
 _PIN_SCORE = 1e12
 _MAX_PRIORITY = 1e9
-
-
-class HashScoredEviction:
-    """`ScoredEviction` that can rescore by content hash (the KV manager knows hashes, not
-    block ids). Implements the `EvictionPolicy` protocol."""
-
-    def __init__(self, scorer: ScoredEviction) -> None:
-        self._inner = scorer
-
-    def bind_index(self, block_of: Callable[[int], int | None]) -> None:
-        self._inner.bind_index(block_of)
-
-    def add(self, block_id: int, block_hash: int) -> None:
-        self._inner.add(block_id, block_hash)
-
-    def remove(self, block_id: int) -> None:
-        self._inner.remove(block_id)
-
-    def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> None:
-        self._inner.add_many(block_ids, block_hashes)
-
-    def remove_many(self, block_ids: Sequence[int]) -> None:
-        self._inner.remove_many(block_ids)
-
-    def pop(self) -> int | None:
-        return self._inner.pop()
-
-    def rescore_hashes(self, hashes: Iterable[int]) -> None:
-        """Re-read the scores of the evictable blocks holding `hashes`."""
-        self._inner.rescore_hashes(hashes)
-
-    def __len__(self) -> int:
-        return len(self._inner)
-
-    def __contains__(self, block_id: object) -> bool:
-        return block_id in self._inner
 
 
 class AgenticKVManager:
@@ -89,11 +52,11 @@ class AgenticKVManager:
         self._pins: dict[int, dict[int, float]] = {}
         self._expiries: list[tuple[float, int, int]] = []
         self._priority: dict[int, float] = {}
-        self._evictions: dict[int, HashScoredEviction] = {}
+        self._evictions: dict[int, ScoredEviction] = {}
         self.num_rejected_pins = 0
 
     def eviction_for(self, node_id: int) -> EvictionPolicy:
-        strategy = HashScoredEviction(ScoredEviction(lambda h: self.score(node_id, h)))
+        strategy = ScoredEviction(lambda h: self.score(node_id, h))
         self._evictions[node_id] = strategy
         return strategy
 
