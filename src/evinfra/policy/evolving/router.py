@@ -10,7 +10,7 @@ remote prefill plus a transfer back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from evinfra.core.blocks import num_blocks_for
@@ -113,13 +113,12 @@ class EvolvingRouter:
         k = self.config.max_candidates
         if len(nodes) <= k:
             return nodes
-        by_match = sorted(nodes, key=lambda n: (-matches[n.node_id].num_blocks, n.node_id))
-        by_queue = sorted(nodes, key=lambda n: (n.num_waiting_prefill_tokens, n.node_id))
-        picked = {n.node_id: n for n in by_match[: k // 2]}
-        for n in by_queue:
-            if len(picked) >= k:
-                break
-            picked.setdefault(n.node_id, n)
+        picked = _best_of_two_orders(
+            nodes,
+            k,
+            lambda n: (-matches[n.node_id].num_blocks, n.node_id),
+            lambda n: (n.num_waiting_prefill_tokens, n.node_id),
+        )
         sid = self.table.request_session.get(request.request_id)
         entry = self.table.sessions.get(sid) if sid is not None else None
         if entry is not None and entry.node_id is not None:
@@ -137,17 +136,12 @@ class EvolvingRouter:
         k = self.config.max_candidates
         if len(decoders) <= k:
             return decoders
-        by_match = sorted(
-            decoders, key=lambda n: (-matches[n.node_id].num_device_blocks, n.node_id)
+        picked = _best_of_two_orders(
+            decoders,
+            k,
+            lambda n: (-matches[n.node_id].num_device_blocks, n.node_id),
+            lambda n: (n.num_running_decodes, -n.num_free_blocks, n.node_id),
         )
-        by_load = sorted(
-            decoders, key=lambda n: (n.num_running_decodes, -n.num_free_blocks, n.node_id)
-        )
-        picked = {n.node_id: n for n in by_match[: k // 2]}
-        for n in by_load:
-            if len(picked) >= k:
-                break
-            picked.setdefault(n.node_id, n)
         return sorted(picked.values(), key=lambda n: n.node_id)
 
     def _best_remote_decoder(
@@ -211,3 +205,18 @@ class EvolvingRouter:
         if local is None or remote_choice.cost_s < local.cost_s:
             return remote_choice
         return local
+
+
+def _best_of_two_orders(
+    nodes: list[NodeView],
+    k: int,
+    first: Callable[[NodeView], tuple[int, ...]],
+    then: Callable[[NodeView], tuple[int, ...]],
+) -> dict[int, NodeView]:
+    """The first k // 2 nodes by `first`, filled up to k with the best by `then`."""
+    picked = {n.node_id: n for n in sorted(nodes, key=first)[: k // 2]}
+    for n in sorted(nodes, key=then):
+        if len(picked) >= k:
+            break
+        picked.setdefault(n.node_id, n)
+    return picked
