@@ -1,8 +1,10 @@
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evinfra.core.eviction import LRUEviction, ScoredEviction
 from evinfra.core.kv_pool import KVPool
+from evinfra.core.tiered_eviction import TieredEviction
 
 
 def make_pool(num_blocks: int = 8, num_host: int = 0) -> KVPool:
@@ -167,9 +169,16 @@ def test_random_sequences_keep_integrity(seq: list[tuple[str, int, int]]) -> Non
     assert pool.num_used_blocks == 0
 
 
-def test_rescore_by_hash_finds_blocks_through_the_pool_index() -> None:
-    scores = {10: 0.0, 11: 0.0, 12: 0.0}
-    ev = ScoredEviction(lambda h: scores[h])
+@pytest.mark.parametrize("strategy", ["scored", "tiered"])
+def test_rescore_by_hash_finds_blocks_through_the_pool_index(strategy: str) -> None:
+    scores = {10: -1.0, 11: -1.0, 12: -1.0}
+
+    def score(h: int) -> float:
+        return scores[h]
+
+    ev: ScoredEviction | TieredEviction = (
+        ScoredEviction(score) if strategy == "scored" else TieredEviction(score, (-1.0, 0.0))
+    )
     pool = KVPool(3, eviction=ev)
     ids = pool.try_allocate(3)
     assert ids is not None
@@ -178,7 +187,7 @@ def test_rescore_by_hash_finds_blocks_through_the_pool_index() -> None:
     pool.free(ids)  # tail first: 12, 11, 10 in eviction order at equal scores
     assert pool.try_allocate(1) is not None  # scores all three, evicts 12
     assert not pool.holds(12) and pool.holds(11)
-    scores[11] = 5.0
+    scores[11] = 0.0
     ev.rescore_hashes([11, 12, 99])  # 12 is gone and 99 never was: ignored
     assert pool.try_allocate(1) is not None
     assert pool.holds(11) and not pool.holds(10)  # 11 now outranks 10

@@ -5,7 +5,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evinfra.core.eviction import ScoredEviction
-from evinfra.core.kv_pool import KVPool
 from evinfra.core.tiered_eviction import TieredEviction
 
 TIERS = (-2.0, -1.0, 0.0)
@@ -83,23 +82,6 @@ def test_rescore_moves_a_block_to_the_end_of_its_new_tier_and_pop_revalidates() 
     tier[4] = 0.0  # came back before the eviction: the pop reads it again
     assert ev.pop() == 2
     assert ev.order() == [3, 5, 1, 4]  # 4 entered the shared tier after 1
-
-
-def test_pool_with_tiered_eviction_keeps_integrity_and_rescores_by_hash() -> None:
-    tier = {10: -1.0, 11: -1.0, 12: -1.0}
-    ev = TieredEviction(lambda h: tier[h], TIERS)
-    pool = KVPool(3, eviction=ev)
-    ids = pool.try_allocate(3)
-    assert ids is not None
-    for b, h in zip(ids, (10, 11, 12), strict=True):
-        pool.commit(b, h)
-    pool.free(ids)  # tail first: 12, 11, 10
-    assert pool.try_allocate(1) is not None  # evicts 12
-    tier[11] = 0.0
-    ev.rescore_hashes([11, 12])  # 12 gone: ignored
-    assert pool.try_allocate(1) is not None
-    assert pool.holds(11) and not pool.holds(10)
-    pool.check_integrity()
 
 
 def test_unknown_score_and_bad_tiers_are_errors() -> None:
