@@ -131,7 +131,22 @@ class PrefetchBlocks:
     hashes: tuple[int, ...]
 
 
-KVAction = DropBlocks | OffloadBlocks | PrefetchBlocks
+@dataclass(frozen=True, slots=True)
+class ScoreBlocks:
+    """The keep-score of content on `node_id` is now `score` (lowest evicted first).
+
+    How a KV manager reaches an eviction strategy in another process (a server's node
+    worker), which cannot call back into the manager's state: the node keeps the scores
+    it was told (`policy.published.PublishedTiers`). Sent per session event (a call
+    arrives or finishes, a session nears its return, goes overdue, ends), never per step.
+    """
+
+    node_id: int
+    score: float
+    hashes: tuple[int, ...]
+
+
+KVAction = DropBlocks | OffloadBlocks | PrefetchBlocks | ScoreBlocks
 
 
 class KVManager(Protocol):

@@ -28,6 +28,10 @@ class ClusterShape:
     can_pull_prefix: bool = True
     """Whether the runtime moves a cached prefix from one node to another ahead of a
     prefill (the simulator does; the servers do not yet): routers plan pulls only then."""
+    eviction_in_process: bool = True
+    """Whether each node's eviction strategy runs in the KV manager's process (the
+    simulator). False (the servers): it is pickled into a node worker, so a strategy that
+    reads the manager's state must be told its scores through `ScoreBlocks` actions."""
 
 
 @dataclass(slots=True)

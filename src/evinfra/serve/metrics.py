@@ -62,6 +62,8 @@ class ServerMetrics:
     num_kv_bytes_moved: int = 0
     num_role_switches: int = 0
     num_node_failures: int = 0
+    num_kv_score_messages: int = 0
+    num_kv_scored_hashes: int = 0
 
     @property
     def kv_hit_rate(self) -> float:
@@ -87,6 +89,8 @@ class ServerMetrics:
             ("kv_transfer_bytes_total", self.num_kv_bytes_moved, "KV bytes moved between nodes."),
             ("role_switches_total", self.num_role_switches, "Node role changes ordered."),
             ("node_failures_total", self.num_node_failures, "Node processes that died."),
+            ("kv_score_messages_total", self.num_kv_score_messages, "Tier messages to nodes."),
+            ("kv_scored_hashes_total", self.num_kv_scored_hashes, "Block tiers sent to nodes."),
         )
         for name, value, help_text in counters:
             lines += [f"# HELP {p}_{name} {help_text}", f"# TYPE {p}_{name} counter"]

@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass
 
 from evinfra.core.types import Request, Role
+from evinfra.policy.base import DropBlocks, KVAction, OffloadBlocks, ScoreBlocks
 
 
 class FinishReason(enum.Enum):
@@ -74,6 +75,15 @@ class KVActionKind(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class ApplyKV:
     kind: KVActionKind
+    hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SetBlockScores:
+    """The KV manager's keep-score for these hashes on this node (`policy.base.ScoreBlocks`),
+    for an eviction strategy that takes published scores (`policy.published.ScoreSink`)."""
+
+    score: float
     hashes: tuple[int, ...]
 
 
@@ -205,9 +215,20 @@ class IntegrityReport:
 
 
 WorkerMessage = (
-    Submit | Abort | SetRole | ApplyKV | CheckIntegrity | Shutdown
+    Submit | Abort | SetRole | ApplyKV | SetBlockScores | CheckIntegrity | Shutdown
     | HandoffOffer | KVPull | KVPayload | HandoffCancel
 )  # fmt: skip
 FrontendMessage = (
     WorkerReady | WorkerFailed | TokensOut | RequestFailed | NodeStats | IntegrityReport
 )
+
+
+def kv_messages(action: KVAction, num_nodes: int) -> list[tuple[int, WorkerMessage]]:
+    """The KV manager's action as (node id, message) pairs."""
+    if isinstance(action, ScoreBlocks):
+        return [(action.node_id, SetBlockScores(action.score, action.hashes))]
+    if isinstance(action, DropBlocks):
+        targets = range(num_nodes) if action.node_id is None else [action.node_id]
+        return [(n, ApplyKV(KVActionKind.DROP, action.hashes)) for n in targets]
+    kind = KVActionKind.OFFLOAD if isinstance(action, OffloadBlocks) else KVActionKind.PREFETCH
+    return [(action.node_id, ApplyKV(kind, action.hashes))]

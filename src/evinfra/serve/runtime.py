@@ -24,17 +24,16 @@ from evinfra.core.blocks import hash_token_blocks
 from evinfra.core.eviction import LRUEviction
 from evinfra.core.types import AgentHints, Request, Role, RoleChange, SwitchMode
 from evinfra.costmodel.base import CostModel
-from evinfra.policy.base import DropBlocks, KVAction, OffloadBlocks, RequestArrived
+from evinfra.policy.base import KVAction, RequestArrived, ScoreBlocks
 from evinfra.policy.bundle import ClusterShape, SystemBundle, available_systems, make_system
+from evinfra.policy.published import ScoreSink
 from evinfra.serve.executors import ExecutorSpec
 from evinfra.serve.metrics import ServerMetrics
 from evinfra.serve.protocol import (
     Abort,
-    ApplyKV,
     CheckIntegrity,
     Generation,
     IntegrityReport,
-    KVActionKind,
     NodeStats,
     RequestFailed,
     Sampling,
@@ -44,6 +43,7 @@ from evinfra.serve.protocol import (
     TokensOut,
     WorkerFailed,
     WorkerReady,
+    kv_messages,
 )
 from evinfra.serve.requests import LiveRequest, RequestHandle, StreamEvent, finished_observation
 from evinfra.serve.view import ClusterState, NodeState
@@ -121,6 +121,7 @@ class LocalCluster:
             max_num_seqs=config.max_num_seqs, cost_model=config.cost_model,
             transfer_time_s=local_transfer_time_s,
             can_pull_prefix=False,  # workers do not move prefixes between them yet
+            eviction_in_process=False,  # each node's strategy is pickled into its worker
         )  # fmt: skip
         self.bundle: SystemBundle = make_system(self.system, shape, dict(config.system_options))
         if len(self.bundle.initial_roles) != config.num_nodes:
@@ -552,17 +553,11 @@ class LocalCluster:
 
     def _apply_kv(self, actions: list[KVAction]) -> None:
         for action in actions:
-            if isinstance(action, DropBlocks):
-                kind, targets = (
-                    KVActionKind.DROP,
-                    (range(len(self.nodes)) if action.node_id is None else [action.node_id]),
-                )
-            elif isinstance(action, OffloadBlocks):
-                kind, targets = KVActionKind.OFFLOAD, [action.node_id]
-            else:
-                kind, targets = KVActionKind.PREFETCH, [action.node_id]
-            for node_id in targets:
-                self._post(node_id, ApplyKV(kind, action.hashes))
+            for node_id, msg in kv_messages(action, len(self.nodes)):
+                self._post(node_id, msg)
+            if isinstance(action, ScoreBlocks):
+                self.metrics.num_kv_score_messages += 1
+                self.metrics.num_kv_scored_hashes += len(action.hashes)
 
     # -- inspection ------------------------------------------------------------------------
     async def check_integrity(self, timeout_s: float = 10.0) -> list[IntegrityReport]:
@@ -588,11 +583,12 @@ class LocalCluster:
 def _picklable_eviction(bundle: SystemBundle, node_id: int) -> Any:
     """The bundle's eviction strategy for a node when it can live in the worker process.
 
-    LRU can. A scored strategy reads its scores from the KV manager, which lives in the
-    frontend: a pickled copy would score from a frozen snapshot of the manager, so the
-    worker uses LRU instead (forwarding scores to workers is not built yet)."""
+    LRU can, and so can a strategy that is told its scores (`ScoreSink`: the evolving
+    KV manager's `PublishedTiers`, fed by `ScoreBlocks` actions). A strategy that reads
+    its scores from the KV manager in the frontend cannot: a pickled copy would score
+    from a frozen snapshot of the manager, so the worker uses LRU instead."""
     eviction = bundle.kv_manager.eviction_for(node_id)
-    if isinstance(eviction, LRUEviction):
+    if isinstance(eviction, LRUEviction | ScoreSink):
         return eviction
     if node_id == 0:
         name = type(eviction).__name__

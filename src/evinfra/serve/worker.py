@@ -25,6 +25,7 @@ from evinfra.core.scheduler import NodeScheduler, SchedulerConfig, StepOutcome, 
 from evinfra.core.sequence import Sequence
 from evinfra.core.types import Request, Role
 from evinfra.costmodel.base import BatchShape, PrefillChunk
+from evinfra.policy.published import ScoreSink
 from evinfra.serve.executors import Executor, ExecutorSpec, WorkItem, build_executor
 from evinfra.serve.protocol import (
     Abort,
@@ -40,6 +41,7 @@ from evinfra.serve.protocol import (
     KVPull,
     NodeStats,
     RequestFailed,
+    SetBlockScores,
     SetRole,
     Shutdown,
     Submit,
@@ -183,6 +185,10 @@ class NodeWorker:
             self._on_set_role(msg)
         elif isinstance(msg, ApplyKV):
             self._on_apply_kv(msg)
+        elif isinstance(msg, SetBlockScores):
+            eviction = self.sched.pool.eviction
+            if isinstance(eviction, ScoreSink):  # else the node runs a strategy that scores
+                eviction.set_scores(msg.score, msg.hashes)  # nothing (LRU): ignore
         elif isinstance(msg, CheckIntegrity):
             self._on_check(msg.token)
         elif isinstance(msg, Shutdown):

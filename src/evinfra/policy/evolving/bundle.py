@@ -87,6 +87,7 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
             agent_eviction=agent_kv and get_bool(options, "agent_eviction", True),
             free_dead_blocks=agent_kv and get_bool(options, "free_dead_blocks", True),
             prefetch=agent_kv and get_bool(options, "prefetch", True),
+            publish_scores=not shape.eviction_in_process,
         ),
     )
     router = EvolvingRouter(
