@@ -60,9 +60,14 @@ def default_workloads(shared_dir: Path, quick: bool = False) -> list[WorkloadRun
     return runs
 
 
-def default_deployments(num_nodes: int = 2) -> list[Deployment]:
-    kinds = ("evinfra", "dynamo-agg", "dynamo-disagg")
-    return [Deployment(kind, num_nodes=num_nodes) for kind in kinds]
+def default_deployments(
+    num_nodes: int = 2, evinfra_systems: tuple[str, ...] = ("evolving",)
+) -> list[Deployment]:
+    """evinfra (one deployment per bundle, e.g. `evolving` and its `evolving-lru`
+    ablation), then aggregated and disaggregated Dynamo."""
+    evinfra = [Deployment("evinfra", num_nodes=num_nodes, system=s) for s in evinfra_systems]
+    dynamo = [Deployment(kind, num_nodes=num_nodes) for kind in ("dynamo-agg", "dynamo-disagg")]
+    return [*evinfra, *dynamo]
 
 
 def replay_argv(

@@ -25,6 +25,8 @@ SERVER_STATS = (
     "server_kv_transfer_bytes",
     "server_node_steps",
     "server_node_busy_s",
+    "server_kv_score_messages",
+    "server_kv_scored_hashes",
 )
 """What evinfra's own server counted (`side_by_side.evinfra_server_stats`)."""
 
@@ -186,8 +188,11 @@ def markdown(results: Mapping[str, Any], header: str) -> str:
         for label, m in res["measured"].items():
             if m.get("server_role_switches") is not None:
                 moved = m.get("server_kv_transfer_bytes") or 0
+                tiers = m.get("server_kv_score_messages") or 0
                 lines += ["", f"{label}: {m['server_role_switches']:.0f} role switches, "
                           f"{moved:.0f} KV bytes moved between nodes, "
+                          f"{tiers:.0f} tier messages to nodes "
+                          f"({m.get('server_kv_scored_hashes') or 0:.0f} block hashes), "
                           f"steps per node {m.get('server_node_steps')}."]  # fmt: skip
         lines += ["", "Ratio of each Dynamo deployment to evinfra (above 1: evinfra faster):", ""]
         lines.append("| system | mean e2e | P50 TTFT | P95 TTFT | mean ITL | P50 ITL | P95 ITL |")

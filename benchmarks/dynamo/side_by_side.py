@@ -93,6 +93,11 @@ def with_agent_blocks(run: WorkloadRun, num_blocks: int) -> WorkloadRun:
     return replace(run, shape=replace(run.shape, num_blocks=num_blocks))
 
 
+def with_concurrency(run: WorkloadRun, concurrency: int) -> WorkloadRun:
+    """The closed-loop agent workloads with another number of sessions kept running."""
+    return run if run.trace is not None else replace(run, concurrency=concurrency)
+
+
 def evinfra_server_stats(url: str) -> dict[str, Any]:
     """What evinfra's frontend counted over the run: role switches ordered, KV bytes moved
     between nodes, and per node the steps run and the executor's busy seconds."""
@@ -113,6 +118,10 @@ def evinfra_server_stats(url: str) -> dict[str, Any]:
             values["server_role_switches"] = float(value)
         elif name.endswith("_kv_transfer_bytes_total"):
             values["server_kv_transfer_bytes"] = float(value)
+        elif name.endswith("_kv_score_messages_total"):
+            values["server_kv_score_messages"] = float(value)
+        elif name.endswith("_kv_scored_hashes_total"):
+            values["server_kv_scored_hashes"] = float(value)
         elif "_node_busy_seconds{" in name:
             busy[name.split('node="')[1].split('"')[0]] = float(value)
     values["server_node_steps"] = [n.get("steps") for n in nodes]
@@ -305,7 +314,10 @@ class SideBySide:
             runs = [with_agent_blocks(r, self.args.agent_num_blocks) for r in runs]
         if self.args.workloads:
             runs = [r for r in runs if r.name in self.args.workloads.split(",")]
-        deps = default_deployments(self.args.num_nodes)
+        if self.args.agent_concurrency is not None:
+            runs = [with_concurrency(r, self.args.agent_concurrency) for r in runs]
+        systems = tuple(self.args.evinfra_systems.split(","))
+        deps = default_deployments(self.args.num_nodes, systems)
         if self.args.evinfra_option:
             opts = tuple(tuple(o.split("=", 1)) for o in self.args.evinfra_option)
             deps = [replace(d, system_options=opts) if d.kind == "evinfra" else d for d in deps]
@@ -377,6 +389,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--agent-num-blocks",
         type=int,
         help="KV blocks per node for coding and mixed, both systems (default 4096)",
+    )
+    p.add_argument(
+        "--agent-concurrency", type=int, help="sessions kept running, coding and mixed (12)"
+    )
+    p.add_argument(
+        "--evinfra-systems",
+        default="evolving",
+        help="evinfra bundles to run, each its own deployment (e.g. evolving,evolving-lru)",
     )
     p.add_argument("--deployments", help="subset: evinfra-evolving,dynamo-agg,dynamo-disagg")
     p.add_argument("--dynamo-venv", default=str(HERE / ".venv"))
