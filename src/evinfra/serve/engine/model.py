@@ -71,14 +71,16 @@ class Rotary(nn.Module):
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        self.register_buffer("inv_freq", 1.0 / (theta**exponents), persistent=False)
+        # a plain attribute, not a buffer: `model.to(bfloat16)` must not round the
+        # frequencies (angles at long positions would drift by whole radians)
+        self.inv_freq = 1.0 / (theta**exponents)
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        inv_freq = self.inv_freq
-        assert isinstance(inv_freq, torch.Tensor)
-        freqs = positions.float()[:, None] * inv_freq[None, :]
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
 
