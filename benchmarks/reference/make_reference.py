@@ -28,7 +28,11 @@ RATE_PER_64_GPUS = {
     # the oracle queues (`evinfra sim --system dynamo --workload coding --model kimi-k2
     # --num-gpus 64 --duration-s 1200 --warmup-s 240 --session-rate R`)
     ("kimi-k2", "coding"): 3.0,
-    ("kimi-k2", "math"): 6.0,
+    # math: 4, not the 6 of the 200 s probe: over the full 1,200 s dynamo's P95 TTFT is
+    # 0.051 s at 3, 0.053 s at 4, 85 s at 5 and 104 s at 6 (decode-bound: mean e2e 72 s
+    # at 3 and 76 s at 4, long reasoning outputs)
+    ("kimi-k2", "math"): 4.0,
+    # computer-use: 3, confirmed: P95 TTFT 0.15 s at 2 and 2.6 s at 3 over the full run
     ("kimi-k2", "computer-use"): 3.0,
     # mixed: 3, not the 5 of the 200 s probe: over the full 1,200 s (the scenario's three
     # composition phases) dynamo's P95 TTFT is 160 s at 5 sessions/s (its planner
@@ -40,9 +44,15 @@ RATE_PER_64_GPUS = {
     ("glm-5", "computer-use"): 3.0,
     ("glm-5", "mixed"): 5.0,
 }
-CHECKED_AT_FULL_LENGTH = {("kimi-k2", "mixed"), ("kimi-k2", "coding")}
-"""Rates checked with a full-length dynamo probe; the others come from 200 s probes, which
-the full-length runs showed to be too high (benchmarks/README.md)."""
+CHECKED_AT_FULL_LENGTH = {
+    ("kimi-k2", "mixed"): "dynamo busy and stable",
+    ("kimi-k2", "coding"): "dynamo busy, its queue recovering after each planner re-split",
+    ("kimi-k2", "math"): "dynamo busy and stable, decode-bound",
+    ("kimi-k2", "computer-use"): "dynamo busy, seconds of queue at the peak",
+}
+"""Rates checked with a full-length dynamo probe, and what dynamo does there; the others
+come from 200 s probes, which the full-length runs showed to be too high
+(benchmarks/README.md)."""
 SYSTEMS = ["evolving", "dynamo", "aggregated", "oracle"]
 DURATION_S = 1200.0
 WARMUP_S = 240.0
@@ -64,10 +74,8 @@ def scenario(model: str, workload: str, num_gpus: int) -> dict[str, object]:
     }
     if workload == "mixed":
         base["workload_params"] = {"phase_s": MIXED_PHASE_S}
-    load = (
-        "dynamo busy, its queue recovering after each planner re-split"
-        if (model, workload) in CHECKED_AT_FULL_LENGTH
-        else "from a 200 s dynamo probe; too high at full length, to be re-probed"
+    load = CHECKED_AT_FULL_LENGTH.get(
+        (model, workload), "from a 200 s dynamo probe; too high at full length, to be re-probed"
     )
     return {
         "name": f"ref-{model}-{workload}-{num_gpus}",
