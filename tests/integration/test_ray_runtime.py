@@ -20,7 +20,7 @@ import pytest
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 
-from evinfra.core.types import Request, Role, Route  # noqa: E402
+from evinfra.core.types import AgentHints, Request, Role, Route  # noqa: E402
 from evinfra.policy.base import ClusterView, Router  # noqa: E402
 from evinfra.serve.executors import ExecutorSpec, node_cost_model  # noqa: E402
 from evinfra.serve.ray_runtime.cluster import RayCluster  # noqa: E402
@@ -345,6 +345,59 @@ def test_a_planner_actor_ray_cannot_place_leaves_the_planning_to_the_frontend(
         asyncio.run(run(RayCluster(cfg, options)))
     assert "planner actor not ready after 1 s" in caplog.text
     assert "it declares 64 CPUs" in caplog.text
+
+
+# -- the KV manager actor -------------------------------------------------------------------
+async def eviction_call(cluster: RayCluster, tokens: list[int], sid: str, tool_s: float) -> int:
+    """One call of a session; returns its cached prompt tokens once the KV manager actor
+    has sent the actions of its finish to the node."""
+    handle = cluster.generate(tokens, 1, hints=AgentHints(sid, expected_tool_s=tool_s))
+    _, error = await collect(handle)
+    assert error is None
+    assert cluster.kv_remote is not None
+    await cluster.kv_remote.drain()
+    return handle.num_cached_tokens
+
+
+def test_kv_manager_actor_sends_tiers_to_the_nodes_and_is_replaced_when_it_dies(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The KV manager's decisions come from its actor: the tiers it sends keep the context
+    of a session expected back while a session gone for ten minutes is evicted (16-block
+    node, 4 + 4 cached blocks, a 12-block call). Killed, it is replaced by one seeded
+    from the frontend's KV manager, which keeps deciding."""
+    spec = ExecutorSpec(kind="timed", model="tiny", cost_options=(("speedup_ratio", 50.0),))
+    cfg = ClusterConfig(
+        spec, num_nodes=1, system="evolving", num_blocks=16, check_integrity=True,
+        cost_model=node_cost_model(spec, 16),
+    )  # fmt: skip
+
+    async def run(cluster: RayCluster) -> None:
+        await cluster.start()
+        try:
+            remote = cluster.kv_remote
+            assert remote is not None and remote.actor is not None
+            await eviction_call(cluster, [3] * 64, "soon", 1.0)
+            await eviction_call(cluster, [4] * 64, "away", 600.0)  # freed last
+            await eviction_call(cluster, [6] * 192, "filler", 1.0)
+            assert await eviction_call(cluster, [3] * 80, "soon", 1.0) == 64
+            events, actions, messages, tiers = await remote.counts()
+            assert events >= 12 and actions >= 1 and messages >= 1 and tiers >= 4
+            assert cluster.metrics.num_kv_score_messages == 0  # none from the frontend
+            old = remote.actor
+            ray.kill(old)
+            await eviction_call(cluster, [7] * 64, "later", 600.0)  # lost with the actor
+            assert remote.num_restarts == 1 and remote.actor is not old
+            await eviction_call(cluster, [8] * 64, "last", 1.0)
+            assert (await remote.counts())[0] >= 2  # the new actor replays events
+            assert all(r.ok for r in await cluster.check_integrity())
+        finally:
+            await cluster.stop()
+
+    with caplog.at_level("WARNING"):
+        asyncio.run(run(RayCluster(cfg, NODE_OPTIONS)))
+    assert "KV manager actor failed (ActorDiedError" in caplog.text
+    assert "restart 1 of 3" in caplog.text
 
 
 # -- the HTTP frontend -----------------------------------------------------------------------

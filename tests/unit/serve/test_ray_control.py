@@ -207,3 +207,51 @@ def test_a_second_failure_of_an_actor_already_replaced_restarts_nothing() -> Non
     assert remote.num_restarts == 1 and remote.actor == "actor-2"
     remote._on_death(RuntimeError("gone"), remote.actor)  # the new one dies: restart
     assert remote.num_restarts == 2 and remote.actor == "actor-3"
+
+
+def test_kv_replica_decides_exactly_the_actions_of_the_frontends_kv_manager() -> None:
+    """The KV manager actor's replica, seeded with a copy of the servers' evolving KV
+    manager (tiers published to the nodes) and fed arrivals, routes, finishes and ticks in
+    the frontend's order, returns the very actions the frontend's own manager returns."""
+    from dataclasses import replace
+
+    from evinfra.policy.base import KVAction, ScoreBlocks
+    from evinfra.serve.ray_runtime.control import KVEvent, KVReplica, Routed
+
+    shape = replace(SHAPE, eviction_in_process=False)
+    local = make_system("evolving", shape, {}).kv_manager
+    replica = KVReplica(
+        cloudpickle.loads(cloudpickle.dumps(make_system("evolving", shape, {}).kv_manager))
+    )
+    rng = random.Random(3)
+
+    def away(request: Request) -> Request:
+        """A few sessions announce long tools: their blocks are marked away."""
+        assert request.hints is not None
+        if request.hints.session_id not in ("s0", "s1", "s2"):
+            return request
+        return replace(request, hints=replace(request.hints, expected_tool_s=120.0))
+
+    expected: list[KVAction] = []
+    got: list[KVAction] = []
+    for second, (events, loads) in enumerate(scenario(seed=3).steps):
+        shipped: list[KVEvent] = []
+        for event in events:
+            if isinstance(event, Arrived):
+                a = replace(event.request_arrived, request=away(event.request_arrived.request))
+                event = Arrived(a)
+                expected += local.on_arrival(a.request, a.now_s)
+                node = rng.randrange(NUM_NODES)
+                local.table.note_route(a.request.request_id, (node, node))  # type: ignore[attr-defined]
+                shipped += [event, Routed(a.request.request_id, (node, node))]
+            elif isinstance(event, Finished):
+                f = replace(event.request_finished, request=away(event.request_finished.request))
+                event = Finished(event.node_id, f)
+                expected += local.on_finish(f.request, event.node_id, f.now_s)
+                shipped.append(event)
+        view = ClusterState([node_state(i, Role.MIXED, *loads[i]) for i in range(NUM_NODES)])
+        expected += local.on_tick(view, second + 0.5)
+        got += replica.apply([*shipped, Ticked(ClusterSnapshot.of(view), second + 0.5)])
+    assert got == expected
+    assert sum(isinstance(a, ScoreBlocks) for a in got) > 10  # sessions went overdue
+    assert replica.num_actions == len(got)

@@ -114,6 +114,11 @@ class AgentKVManager:
     def _parent(self, entry: SessionEntry) -> SessionEntry | None:
         return None if entry.parent_id is None else self.table.sessions.get(entry.parent_id)
 
+    def on_route(self, request_id: int, node_ids: tuple[int, ...]) -> None:
+        """The request was placed on these nodes (what the router notes in the table it
+        shares with this manager; a replica of the manager elsewhere is told here)."""
+        self.table.note_route(request_id, node_ids)
+
     def _drop(self, hashes: tuple[int, ...], nodes: set[int]) -> list[KVAction]:
         """Free dead blocks on the nodes the session used (its blocks are nowhere else)."""
         if not hashes or not self.config.free_dead_blocks:

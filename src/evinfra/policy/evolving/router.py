@@ -92,6 +92,7 @@ class EvolvingRouter:
                 best = choice
         if best is None:  # only decode nodes and every prefill too big: least queued one
             node = min(nodes, key=lambda n: (n.num_waiting_prefill_tokens, n.node_id))
+            self.table.note_route(request.request_id, (node.node_id, node.node_id))
             return Route(node.node_id, node.node_id)
         r = best.route
         placed = (r.prefill_node, r.decode_node)

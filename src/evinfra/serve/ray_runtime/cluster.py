@@ -5,9 +5,11 @@ planner actor.
 (the same `NodeWorker` loop), the frontend's inboxes are `ActorLink`s, the outbox is a
 long poll on every actor, and KV moves between actors through a `KVTransport` (Ray's
 object store by default). The planner runs in a `PlannerActor` fed the frontend's control
-events (`planner_actor.py`). Routing, the KV manager (its state is the router's: both read
-and write the session table on every request), metrics and the request bookkeeping are
-the local runtime's code, unchanged, so both runtimes make the same decisions.
+events (`planner_actor.py`), the KV manager's decisions in a `KVManagerActor` fed its
+events and sending its actions to the nodes (`kv_actor.py`). Routing, the session table
+the router reads (kept by the frontend's copy of the KV manager, whose actions are then
+dropped), metrics and the request bookkeeping are the local runtime's code, unchanged,
+so both runtimes make the same decisions.
 
 When a node actor dies (its poll raises), the frontend forgets the node's blocks, makes
 sure the survivors still prefill and decode and asks the planner to re-plan, then takes
@@ -33,6 +35,7 @@ import ray
 from evinfra.core.types import Request, RoleChange
 from evinfra.policy.base import RequestArrived
 from evinfra.serve.protocol import FinishReason, TokensOut
+from evinfra.serve.ray_runtime.kv_actor import RemoteKVManager, frontend_applies
 from evinfra.serve.ray_runtime.links import FRONTEND, ActorLink
 from evinfra.serve.ray_runtime.node_actor import NodeActor
 from evinfra.serve.ray_runtime.options import RayOptions
@@ -94,6 +97,15 @@ class RayCluster(LocalCluster):
             self.planner = RemotePlanner(
                 self.bundle, self.options.num_cpus_for_planner, self.options.max_planner_restarts
             )
+        self.kv_remote: RemoteKVManager | None = None
+        """The KV manager actor's handle (None: the frontend applies its KV actions)."""
+        if self.options.kv_manager_actor:
+            self.kv_remote = RemoteKVManager(
+                self.bundle.kv_manager,
+                self.transport,
+                self.options.num_cpus_for_planner,
+                self.options.max_planner_restarts,
+            )
 
     # -- lifecycle -------------------------------------------------------------------------
     async def _start_nodes(self) -> None:
@@ -124,6 +136,9 @@ class RayCluster(LocalCluster):
         if self.planner is not None:
             self.planner.start()
             await self.planner.wait_placed(self.options.planner_ready_timeout_s)
+        if self.kv_remote is not None:
+            self.kv_remote.start(dict(enumerate(self.actors)))
+            await self.kv_remote.wait_placed(self.options.planner_ready_timeout_s)
 
     async def _stop_nodes(self, timeout_s: float) -> None:
         """Stop every node loop, kill the actors (the planner's too), and leave Ray if
@@ -141,6 +156,8 @@ class RayCluster(LocalCluster):
         self.actors = []
         if self.planner is not None:
             self.planner.close()
+        if self.kv_remote is not None:
+            self.kv_remote.close()
         self._inboxes = []
         if self._owns_ray:
             ray.shutdown()
@@ -191,19 +208,43 @@ class RayCluster(LocalCluster):
         self._streamed.pop(handle, None)
         super()._abort_handle(handle)
 
-    # -- policies: the KV manager here, the planner in its actor ----------------------------
+    # -- policies: the planner and the KV manager in their actors --------------------------
+    # The frontend's own KV manager runs every hook first: it keeps the session table the
+    # router reads. Its actions apply only when no KV manager actor does.
     def _policies_on_arrival(self, request: Request, now: float) -> None:
-        self._apply_kv(self.bundle.kv_manager.on_arrival(request, now))
+        actions = self.bundle.kv_manager.on_arrival(request, now)
+        if frontend_applies(self.kv_remote):
+            self._apply_kv(actions)
+        else:
+            assert self.kv_remote is not None
+            self.kv_remote.arrived(request, now)
         if self.planner is not None:
             self.planner.arrived(RequestArrived(request, now))
 
+    def _submit(self, live: LiveRequest) -> None:
+        super()._submit(live)
+        routed = live.route is not None and live.request.request_id in self._live
+        if routed and not frontend_applies(self.kv_remote):
+            assert self.kv_remote is not None and live.route is not None
+            self.kv_remote.routed(live.request.request_id, live.route)
+
     def _policies_on_finish(self, live: LiveRequest, node_id: int, now: float) -> None:
-        self._apply_kv(self.bundle.kv_manager.on_finish(live.request, node_id, now))
+        actions = self.bundle.kv_manager.on_finish(live.request, node_id, now)
+        if frontend_applies(self.kv_remote):
+            self._apply_kv(actions)
+        else:
+            assert self.kv_remote is not None
+            self.kv_remote.finished(live, node_id, now)
         if self.planner is not None:
             self.planner.finished(node_id, finished_observation(live, now))
 
     def _policies_on_tick(self, now: float) -> None:
-        super()._policies_on_tick(now)
+        actions = self.bundle.kv_manager.on_tick(self.view, now)
+        if frontend_applies(self.kv_remote):
+            self._apply_kv(actions)
+        else:
+            assert self.kv_remote is not None
+            self.kv_remote.ticked(self.view, now)
         if self.planner is not None:
             self.planner.ticked(self.view, now)
 
@@ -219,6 +260,8 @@ class RayCluster(LocalCluster):
         message = f"node {node_id} died ({reason})"
         log.warning(message)
         forget_node(self.nodes[node_id])
+        if self.kv_remote is not None:
+            self.kv_remote.node_lost(node_id)
         self.metrics.num_node_failures += 1
         with contextlib.suppress(Exception):  # a crashed loop leaves the actor up: end it
             ray.kill(self.actors[node_id], no_restart=True)

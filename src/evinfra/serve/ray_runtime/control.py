@@ -7,6 +7,11 @@ therefore holds a replica of both, seeded with a copy of the frontend's objects 
 in step by replaying, in the frontend's order, every call the frontend makes on its own
 KV manager (`on_arrival`, `on_finish`, `on_tick`) and every observation. The replica's KV
 actions are discarded: the frontend applied its own already. Only `plan` decides.
+
+The KV manager actor holds a `KVReplica`: the same replay (plus the routes, which the
+frontend's router writes into the session table it shares with the KV manager), but its
+actions are the ones applied; the frontend's own KV manager then only keeps the table
+its router reads, and its actions are dropped.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from evinfra.core.kv_pool import PrefixMatch
 from evinfra.core.types import Role, RoleChange
 from evinfra.policy.base import (
     ClusterView,
+    KVAction,
     KVManager,
     NodeView,
     Planner,
@@ -94,7 +100,50 @@ class Ticked:
     now_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """The router placed a request on these nodes (the KV manager's `on_route`): where a
+    session's blocks may be, which its drops and tier messages target."""
+
+    request_id: int
+    node_ids: tuple[int, ...]
+
+
 ControlEvent = Arrived | Finished | Ticked
+KVEvent = Arrived | Routed | Finished | Ticked
+
+
+class KVReplica:
+    """A KV manager replayed from the frontend's events, whose actions are the ones applied
+    (the KV manager actor's state). Its actions for a sequence of events are the frontend's
+    own KV manager's for the same calls: both start from the same state and see the same
+    calls in the same order."""
+
+    def __init__(self, kv_manager: KVManager) -> None:
+        self.kv_manager = kv_manager
+        self.num_events = 0
+        self.num_actions = 0
+
+    def apply(self, events: Sequence[KVEvent]) -> list[KVAction]:
+        """Apply `events` in order; returns the KV actions they produced, in order."""
+        kv = self.kv_manager
+        actions: list[KVAction] = []
+        for event in events:
+            if isinstance(event, Arrived):
+                arrived = event.request_arrived
+                actions += kv.on_arrival(arrived.request, arrived.now_s)
+            elif isinstance(event, Routed):
+                on_route = getattr(kv, "on_route", None)
+                if on_route is not None:
+                    on_route(event.request_id, event.node_ids)
+            elif isinstance(event, Finished):
+                done = event.request_finished
+                actions += kv.on_finish(done.request, event.node_id, done.now_s)
+            else:
+                actions += kv.on_tick(event.view, event.now_s)
+        self.num_events += len(events)
+        self.num_actions += len(actions)
+        return actions
 
 
 class ControlReplica:

@@ -41,11 +41,13 @@ class ActorLink:
         self._seq = itertools.count(1)
         self._lock = threading.Lock()
 
-    def put(self, msg: Any) -> None:
+    def put(self, msg: Any) -> Any:
+        """Send `msg` (fire-and-forget); returns the call's ObjectRef, for a sender that
+        wants to know when the node has it."""
         if isinstance(msg, KVPayload):
             msg = self.transport.publish(msg)
         with self._lock:  # the number and the send go together, or order is lost
-            self.handle.post.remote(self.sender, next(self._seq), [msg])
+            return self.handle.post.remote(self.sender, next(self._seq), [msg])
 
 
 class Mailbox:

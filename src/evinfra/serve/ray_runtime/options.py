@@ -33,7 +33,10 @@ class RayOptions:
     planner_ready_timeout_s: float = 30.0
     """Start-up: a planner actor not answering by then is given up (the frontend plans)."""
     max_planner_restarts: int = 3
-    """Planner actor deaths the frontend replaces; after that it plans itself."""
+    """Planner actor deaths the frontend replaces; after that it plans itself. The KV
+    manager actor gets the same CPUs and restarts."""
+    kv_manager_actor: bool = True
+    """The KV manager's decisions in an actor (False: in the frontend, as `local`)."""
     poll_timeout_s: float = 0.5
     stop_timeout_s: float = 5.0
 
@@ -54,7 +57,13 @@ def add_ray_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--node-resource", action="append", metavar="NAME=AMOUNT", default=[])
     g.add_argument("--kv-transport", choices=TRANSPORTS, default="object-store")
     g.add_argument("--num-cpus-for-planner", type=float, default=0.0, help="the planner actor")
-    g.add_argument("--max-planner-restarts", type=int, default=3)
+    g.add_argument("--max-planner-restarts", type=int, default=3, help="and KV manager's")
+    g.add_argument(
+        "--no-kv-manager-actor",
+        dest="kv_manager_actor",
+        action="store_false",
+        help="KV manager decisions in the frontend rather than in an actor",
+    )
     g.add_argument("--ray-num-cpus", type=int, default=2, help="a new local Ray: its CPUs")
     g.add_argument("--object-store-mb", type=int, default=100, help="a new local Ray")
 
@@ -74,6 +83,7 @@ def ray_options(args: argparse.Namespace) -> RayOptions:
         transport=args.kv_transport,
         num_cpus_for_planner=args.num_cpus_for_planner,
         max_planner_restarts=args.max_planner_restarts,
+        kv_manager_actor=args.kv_manager_actor,
         local_num_cpus=args.ray_num_cpus,
         object_store_memory_bytes=args.object_store_mb * MIB,
     )
