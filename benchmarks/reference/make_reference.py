@@ -53,7 +53,7 @@ CHECKED_AT_FULL_LENGTH = {
 """Rates checked with a full-length dynamo probe, and what dynamo does there; the others
 come from 200 s probes, which the full-length runs showed to be too high
 (benchmarks/README.md)."""
-SYSTEMS = ["evolving", "dynamo", "aggregated", "oracle"]
+SYSTEMS = ["evolving", "dynamo", "aggregated", "oracle", "oracle-split"]
 DURATION_S = 1200.0
 WARMUP_S = 240.0
 DRAIN_S = 600.0

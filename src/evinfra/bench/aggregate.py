@@ -86,16 +86,19 @@ def _value(block: Mapping[str, Any] | None, key: str) -> float | None:
 
 def add_ratios(blocks: dict[str, dict[str, Any]], baseline: str, floor: str) -> None:
     """Adds `ratio_vs_dynamo` (baseline / system) and `vs_floor` (system / floor) to each
-    block, for mean end-to-end latency and P95 TTFT; None where a value is missing."""
+    block, for mean end-to-end latency and P95 TTFT; None where a value is missing. The
+    floor of a metric is the lowest value of the `floor` label and its variants (labels
+    `floor-...`, e.g. `oracle` and `oracle-split`): neither all-mixed nor split nodes are
+    best on every workload."""
     base = blocks.get(baseline)
-    low = blocks.get(floor)
+    lows = [b for label, b in blocks.items() if label == floor or label.startswith(floor + "-")]
     for block in blocks.values():
         ratios: dict[str, float | None] = {}
         floors: dict[str, float | None] = {}
         for key in RATIO_KEYS:
             mine = _value(block, key)
             b = _value(base, key)
-            f = _value(low, key)
+            f = min((v for v in (_value(low, key) for low in lows) if v), default=None)
             ratios[key] = b / mine if b is not None and mine else None
             floors[key] = mine / f if mine is not None and f else None
         block["ratio_vs_dynamo"] = ratios

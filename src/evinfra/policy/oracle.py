@@ -1,17 +1,24 @@
-"""`oracle`: a floor for the others, not a deployable system.
+"""`oracle` and `oracle-split`: floors for the others, not deployable systems.
 
-Every node is mixed and holds 100x its real KV, so nothing is evicted, nothing preempted
-and every block ever computed on a node stays there; the latency-predicting router places
-each request where its prefix lives or pulls it. What remains is compute and queueing on
-the same GPUs: how close a system gets to this is how much it leaves on the table.
+Every node holds 100x its real KV, so nothing is evicted, nothing preempted and every block
+ever computed on a node stays there; the latency-predicting router places each request
+where its prefix lives or pulls it. `oracle` keeps every node mixed; `oracle-split` lets
+evolving's planner split the nodes into prefill and decode in place when the load asks for
+it. Neither is best everywhere (a split keeps prefills off the decoding nodes, which wins
+on computer-use at 64 GPUs; all-mixed spreads decodes wider, which wins on a small
+cluster), so `evinfra bench` takes the lower of the two per metric as the floor. What
+remains is compute and queueing on the same GPUs: how close a system gets to the floor is
+how much it leaves on the table.
 """
 
 from __future__ import annotations
 
-from evinfra.core.types import Request, Role
+from evinfra.core.types import Request, Role, SwitchMode
 from evinfra.policy.base import KVAction
 from evinfra.policy.bundle import ClusterShape, SystemBundle, register
-from evinfra.policy.dynamo.options import check_known, get_float
+from evinfra.policy.dynamo.options import check_known, get_bool, get_float
+from evinfra.policy.evolving.bundle import monotone_decode
+from evinfra.policy.evolving.planner import EvolvingPlanner, PlannerConfig
 from evinfra.policy.evolving.rates import node_rates
 from evinfra.policy.evolving.router import EvolvingRouter, RouterConfig
 from evinfra.policy.evolving.sessions import SessionTable
@@ -20,14 +27,30 @@ from evinfra.policy.simple import LRUKVManager
 
 @register("oracle")
 def make_oracle(shape: ClusterShape, options: dict[str, object]) -> SystemBundle:
-    check_known(options, ("kv_capacity_scale",), "oracle")
+    return _make(shape, options, "oracle", split_default=False)
+
+
+@register("oracle-split")
+def make_oracle_split(shape: ClusterShape, options: dict[str, object]) -> SystemBundle:
+    return _make(shape, options, "oracle-split", split_default=True)
+
+
+def _make(
+    shape: ClusterShape, options: dict[str, object], name: str, split_default: bool
+) -> SystemBundle:
+    check_known(options, ("kv_capacity_scale", "planner"), name)
     table = SessionTable()
-    router = EvolvingRouter(table, node_rates(shape), RouterConfig())
+    rates = monotone_decode(node_rates(shape))
+    planner = None
+    if get_bool(options, "planner", split_default):
+        planner = EvolvingPlanner(table, rates, shape.block_size, PlannerConfig())
     return SystemBundle(
-        name="oracle",
-        router=router,
+        name=name,
+        router=EvolvingRouter(table, rates, RouterConfig()),
         kv_manager=_TableKV(table),
         initial_roles=[Role.MIXED] * shape.num_nodes,
+        planner=planner,
+        switch_mode=SwitchMode.IN_PLACE,
         kv_capacity_scale=get_float(options, "kv_capacity_scale", 100.0, min_value=1.0),
     )
 

@@ -59,6 +59,19 @@ def test_ratios_against_baseline_and_floor() -> None:
     assert blocks["oracle"]["vs_floor"]["p95_ttft_s"] == pytest.approx(1.0)
 
 
+def test_floor_is_the_lowest_of_the_oracle_variants_per_metric() -> None:
+    blocks = {
+        "evolving": block("evolving", 2.0, 0.1),
+        "oracle": block("oracle", 2.5, 0.05),
+        "oracle-split": block("oracle-split", 1.6, 0.08),
+        "oracles": block("oracles", 0.1, 0.001),  # not a variant: no "oracle-" prefix
+    }
+    add_ratios(blocks, "dynamo", "oracle")
+    assert blocks["evolving"]["vs_floor"]["mean_e2e_s"] == pytest.approx(2.0 / 1.6)
+    assert blocks["evolving"]["vs_floor"]["p95_ttft_s"] == pytest.approx(0.1 / 0.05)
+    assert blocks["oracle"]["vs_floor"]["mean_e2e_s"] == pytest.approx(2.5 / 1.6)
+
+
 def test_ratios_missing_baseline_are_none() -> None:
     blocks = {"evolving": block("evolving", 2.0, 0.1)}
     add_ratios(blocks, "dynamo", "oracle")
