@@ -219,3 +219,40 @@ def test_published_and_in_process_tiers_evict_the_same_blocks_in_the_same_order(
     # ended and the one gone to lunch outlive the ones that came back
     undelivered = victims(agent_day, publish=True, deliver_scores=False)
     assert undelivered == [[7, 6, 12, 3, 2, 1, 15, 14], [5, 4, 9, 8, 13, 11, 3, 2, 1, 17, 16]]
+
+
+# -- the simulator through the servers' path -----------------------------------------------
+def side_by_side_sim(tier_messages: bool) -> tuple[dict[str, object], int]:
+    """The side-by-side run's simulated evinfra (2 nodes of 2,048 blocks, 24 coding
+    sessions, 60 s), eviction read in process or through published tiers; its summary
+    and the number of tier batches published."""
+    from evinfra.sim.config import load_config
+    from evinfra.sim.metrics import summarize
+    from evinfra.sim.runner import build_node_spec, build_simulation
+
+    options = {"host_tier": False, "pull_prefix": False, "tier_messages": tier_messages}
+    node = {"model": "tiny", "gpu": "h200", "num_gpus": 2, "gpus_per_node": 1, "block_size": 16,
+            "duration_s": 60.0, "warmup_s": 0.0}  # fmt: skip
+    total = build_node_spec(load_config(None, node)).num_device_blocks
+    cfg = load_config(None, {
+        **node, "system": "evolving", "system_options": options,
+        "kv_capacity_scale": 2048.5 / total, "max_num_batched_tokens": 2048,
+        "cost_model": "dynamo-polynomial", "drain_s": 20.0,
+        "cost_options": {"kv_capacity_tokens": 32768, "utilisation_source": "decode_context"},
+        "workload": "coding", "concurrency": 24, "seed": 0,
+    })  # fmt: skip
+    sim, _ = build_simulation(cfg)
+    summary = summarize(sim.run(), warmup_s=0.0, end_s=60.0, num_gpus=2)
+    kv = sim.bundle.kv_manager
+    assert isinstance(kv, AgentKVManager)
+    return summary, 0 if kv.publisher is None else kv.publisher.num_actions
+
+
+def test_the_simulator_through_published_tiers_matches_reading_them_in_process() -> None:
+    """The same run both ways: the same requests, latencies and hits (the servers' path
+    can differ only where a tier changes by time alone between ticks, not here)."""
+    (direct, none), (published, num_batches) = side_by_side_sim(False), side_by_side_sim(True)
+    assert none == 0 and num_batches > 20
+    for key in ("num_requests", "mean_e2e_s", "p95_ttft_s", "kv_hit_rate", "recomputed_tokens"):
+        assert published[key] == direct[key], key
+    assert direct["recomputed_tokens"] > 0  # KV under pressure: eviction mattered

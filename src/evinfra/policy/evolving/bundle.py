@@ -32,6 +32,7 @@ OPTIONS = (
     "max_local_prefill_tokens",
     "migrate_on_switch",
     "mixed_below_utilisation",
+    "tier_messages",
 )
 
 
@@ -81,13 +82,17 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
             ),
         )
     agent_kv = get_bool(options, "agent_kv", True)
+    # in process (the simulator), run eviction through the servers' path: tiers published
+    # per session event to the nodes' `PublishedTiers` instead of read from the table
+    tier_messages = get_bool(options, "tier_messages", False)
     kv = AgentKVManager(
         table,
         KVManagerConfig(
             agent_eviction=agent_kv and get_bool(options, "agent_eviction", True),
             free_dead_blocks=agent_kv and get_bool(options, "free_dead_blocks", True),
             prefetch=agent_kv and get_bool(options, "prefetch", True),
-            publish_scores=not shape.eviction_in_process,
+            publish_scores=not shape.eviction_in_process or tier_messages,
+            deliver_in_process=shape.eviction_in_process and tier_messages,
         ),
     )
     router = EvolvingRouter(

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from evinfra.core.eviction import EvictionPolicy, LRUEviction
 from evinfra.core.tiered_eviction import TieredEviction
 from evinfra.core.types import Request
-from evinfra.policy.base import ClusterView, DropBlocks, KVAction, PrefetchBlocks
+from evinfra.policy.base import ClusterView, DropBlocks, KVAction, PrefetchBlocks, ScoreBlocks
 from evinfra.policy.evolving.sessions import (
     TIER_ACTIVE,
     TIER_AWAY,
@@ -49,6 +49,10 @@ class KVManagerConfig:
     publish_scores: bool = False
     """True: node eviction runs in other processes and is told tiers by `ScoreBlocks`
     (`ClusterShape.eviction_in_process` False); False: it reads the table in process."""
+    deliver_in_process: bool = False
+    """With `publish_scores`: the nodes are in this process (the simulator run through
+    the servers' path, `tier_messages`): the manager hands each `ScoreBlocks` to the
+    node's strategy itself instead of returning it."""
 
 
 @dataclass(slots=True)
@@ -59,6 +63,8 @@ class AgentKVManager:
     policies: dict[int, TieredEviction] = field(default_factory=dict)
     publisher: TierPublisher | None = None
     """Set when `publish_scores` (and agent eviction) is on."""
+    published: dict[int, PublishedTiers] = field(default_factory=dict)
+    """`deliver_in_process`: each node's strategy, to hand the tiers to."""
     _prefetch_due: list[tuple[float, tuple[str, float]]] = field(default_factory=list)
     _overdue_due: list[tuple[float, tuple[str, float]]] = field(default_factory=list)
     _return_due: list[tuple[float, tuple[str, float]]] = field(default_factory=list)
@@ -75,7 +81,10 @@ class AgentKVManager:
         if not self.config.agent_eviction:
             return LRUEviction()
         if self.publisher is not None:
-            return PublishedTiers(TIERS, default=TIER_ACTIVE)
+            tiers = PublishedTiers(TIERS, default=TIER_ACTIVE)
+            if self.config.deliver_in_process:
+                self.published[node_id] = tiers
+            return tiers
         table = self.table
 
         def score(block_hash: int) -> float:
@@ -90,12 +99,22 @@ class AgentKVManager:
         node reads a tier when it needs one)."""
         if self.publisher is None or entry is None:
             return []
-        return self.publisher.publish(entry, self.now_s, full)
+        return self._sent(self.publisher.publish(entry, self.now_s, full))
+
+    def _sent(self, actions: list[KVAction]) -> list[KVAction]:
+        """The publisher's `ScoreBlocks`: returned for the runtime to send, or handed to
+        the nodes' strategies here when they live in this process."""
+        if not self.config.deliver_in_process:
+            return actions
+        for action in actions:
+            if isinstance(action, ScoreBlocks):
+                self.published[action.node_id].set_scores(action.score, action.hashes)
+        return []
 
     def _rescore(self, entry: SessionEntry) -> list[KVAction]:
         """The session's tiers changed while its blocks sat as candidates."""
         if self.publisher is not None:
-            return self.publisher.publish(entry, self.now_s)
+            return self._sent(self.publisher.publish(entry, self.now_s))
         for node_id in entry.nodes:
             policy = self.policies.get(node_id)
             if policy is not None:
@@ -107,7 +126,7 @@ class AgentKVManager:
         self.table.end(entry.session_id)
         if self.publisher is None:
             return []
-        actions = self.publisher.publish(entry, self.now_s)
+        actions = self._sent(self.publisher.publish(entry, self.now_s))
         self.publisher.forget(entry.session_id)
         return actions + self._tiers_changed(self._parent(entry))
 
