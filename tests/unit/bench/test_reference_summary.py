@@ -1,0 +1,56 @@
+"""benchmarks/reference/summarize.py: one row per bench folder, the floor the lower of the
+oracle variants, folders without results skipped."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "reference" / "summarize.py"
+
+
+def load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("reference_summarize", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def block(e2e: float, ttft: float, ratio: float | None = None) -> dict[str, Any]:
+    return {
+        "summary": {"mean_e2e_s": e2e, "p95_ttft_s": ttft},
+        "ratio_vs_dynamo": {"mean_e2e_s": ratio, "p95_ttft_s": ratio},
+        "vs_floor": {"mean_e2e_s": e2e / 4.0},
+    }
+
+
+def test_rows_and_floor(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    results = {
+        "scenario": "ref-x",
+        "config": {"session_rate": 3.0},
+        "seeds": [0],
+        "baseline": "dynamo",
+        "floor": "oracle",
+        "command": "evinfra bench x.yaml",
+        "systems": {
+            "evolving": block(5.0, 0.2, 2.0),
+            "dynamo": block(10.0, 4.0),
+            "oracle": block(6.0, 0.1),
+            "oracle-split": block(4.0, 0.3),
+        },
+    }
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "results.json").write_text(json.dumps(results))
+    assert load().main([str(tmp_path / "a"), str(tmp_path / "missing")]) == 0
+    out, err = capsys.readouterr()
+    line = out.splitlines()[2]
+    assert line.startswith("| ref-x (3 sessions/s, seeds 0) | 5.00 / 0.2 (2.00x / 2x) | — |")
+    assert "| 4.00 / 0.1 | 1.25x |" in line  # the floor per metric: 4.0 split, 0.1 mixed
+    assert "missing" in err
+    assert load().main([str(tmp_path / "missing")]) == 1
