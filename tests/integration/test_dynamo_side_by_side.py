@@ -144,6 +144,22 @@ def test_sim_configs_carry_each_servers_measured_fixed_costs() -> None:
     assert cfg["system_options"]["max_local_prefill_tokens"] == 0
 
 
+def test_several_evinfra_bundles_run_as_their_own_deployments() -> None:
+    """`--evinfra-systems evolving,evolving-lru`: the ablation runs (and is simulated) as
+    its own deployment, labelled apart, before both Dynamo deployments."""
+    from matrix import default_deployments
+
+    deps = default_deployments(2, ("evolving", "evolving-lru"))
+    assert [d.label for d in deps] == [
+        "evinfra-evolving", "evinfra-evolving-lru", "dynamo-agg", "dynamo-disagg",
+    ]  # fmt: skip
+    assert "--system evolving-lru" in " ".join(
+        evinfra_command(deps[1], EngineShape(), "evinfra", 1)
+    )
+    run = WorkloadRun("coding", kind="coding", concurrency=24)
+    assert sim_config(deps[1], run, Limits(), 1000)["system"] == "evolving-lru"
+
+
 def test_probe_trace_and_excess_arithmetic(tmp_path: Path) -> None:
     trace = ProbeTrace(num_requests=4, interval_ms=500, burst_size=3)
     path = tmp_path / "probe.jsonl"
