@@ -26,6 +26,8 @@ class WorkloadRun:
     kind: str | None = None
     trace: Path | None = None
     concurrency: int | None = None
+    params: tuple[tuple[str, str], ...] = ()
+    """Generator parameters (`--workload-param KEY=VALUE`; the simulator gets them too)."""
     shape: EngineShape = field(default_factory=EngineShape)
     max_requests: int = 400
 
@@ -33,7 +35,8 @@ class WorkloadRun:
         if self.trace is not None:
             return ["--trace", str(self.trace)]
         assert self.kind is not None
-        return ["--workload", self.kind, "--concurrency", str(self.concurrency)]
+        params = [f for k, v in self.params for f in ("--workload-param", f"{k}={v}")]
+        return ["--workload", self.kind, "--concurrency", str(self.concurrency), *params]
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +176,8 @@ def sim_config(
     else:
         cfg["workload"] = run.kind
         cfg["concurrency"] = run.concurrency
+        if run.params:
+            cfg["workload_params"] = {k: _option_value(v) for k, v in run.params}
     return cfg
 
 

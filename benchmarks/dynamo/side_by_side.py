@@ -316,6 +316,9 @@ class SideBySide:
             runs = [r for r in runs if r.name in self.args.workloads.split(",")]
         if self.args.agent_concurrency is not None:
             runs = [with_concurrency(r, self.args.agent_concurrency) for r in runs]
+        if self.args.workload_param:
+            params = tuple(tuple(p.split("=", 1)) for p in self.args.workload_param)
+            runs = [r if r.trace is not None else replace(r, params=params) for r in runs]
         systems = tuple(self.args.evinfra_systems.split(","))
         deps = default_deployments(self.args.num_nodes, systems)
         if self.args.evinfra_option:
@@ -392,6 +395,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--agent-concurrency", type=int, help="sessions kept running, coding and mixed (12)"
+    )
+    p.add_argument(
+        "--workload-param",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a generator parameter for coding and mixed (replay and sim), repeatable",
     )
     p.add_argument(
         "--evinfra-systems",
