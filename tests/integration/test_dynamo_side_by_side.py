@@ -156,8 +156,10 @@ def test_several_evinfra_bundles_run_as_their_own_deployments() -> None:
     assert "--system evolving-lru" in " ".join(
         evinfra_command(deps[1], EngineShape(), "evinfra", 1)
     )
-    run = WorkloadRun("coding", kind="coding", concurrency=24)
-    assert sim_config(deps[1], run, Limits(), 1000)["system"] == "evolving-lru"
+    run = WorkloadRun("coding", kind="coding", concurrency=24, params=(("interactive_share", "1"),))
+    cfg = sim_config(deps[1], run, Limits(), 1000)
+    assert cfg["system"] == "evolving-lru" and cfg["workload_params"] == {"interactive_share": 1}
+    assert run.replay_flags()[-2:] == ["--workload-param", "interactive_share=1"]
 
 
 def test_probe_trace_and_excess_arithmetic(tmp_path: Path) -> None:
