@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from evinfra.workloads.factory import DEFAULT_SESSION_RATE_PER_S
+
 UNFINISHED_WARN_FRAC = 0.01
 
 
@@ -44,6 +46,8 @@ def describe_setup(results: dict[str, Any]) -> str:
         if c.get("concurrency")
         else "the trace's own arrivals"
         + (f" x{c['rate_scale']}" if c.get("rate_scale") != 1 else "")
+        if c.get("trace")
+        else f"{DEFAULT_SESSION_RATE_PER_S:g} sessions/s (the workload default)"
     )
     what = f"trace `{c['trace']}`" if c.get("trace") else f"`{c['workload']}` workload"
     if results.get("sweep"):

@@ -112,3 +112,27 @@ def test_main_table_rows() -> None:
     lines = main_table(res)
     row = next(x for x in lines if x.startswith("| evolving"))
     assert "| 2.000 | 4.00x | 0.100 | 14.00x |" in row
+
+
+def test_setup_names_the_load_a_run_had() -> None:
+    from evinfra.bench.report import describe_setup
+
+    config = {
+        "model": "kimi-k2",
+        "gpu": "gb300",
+        "num_gpus": 64,
+        "gpus_per_node": 8,
+        "duration_s": 1200.0,
+        "warmup_s": 240.0,
+        "rate_scale": 1.0,
+    }
+    generated = describe_setup({"config": {**config, "workload": "math"}, "seeds": [0]})
+    assert "load: 1 sessions/s (the workload default)" in generated
+    trace = describe_setup(
+        {"config": {**config, "trace": "mooncake", "rate_scale": 2.0}, "seeds": [0]}
+    )
+    assert "load: the trace's own arrivals x2.0" in trace
+    fixed = describe_setup(
+        {"config": {**config, "workload": "math", "session_rate": 4.0}, "seeds": [0]}
+    )
+    assert "load: 4.0 sessions/s" in fixed
