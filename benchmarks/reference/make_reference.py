@@ -39,16 +39,23 @@ RATE_PER_64_GPUS = {
     # re-splits with 300 s cold starts) and 1.0 s at 3 (`evinfra bench
     # benchmarks/reference/ref-kimi-k2-mixed-64.yaml --seeds 0`)
     ("kimi-k2", "mixed"): 3.0,
-    ("glm-5", "coding"): 10.0,
-    ("glm-5", "math"): 5.0,
+    # GLM-5, full-length dynamo probes (as above, --model glm-5): coding 3 -> P95 TTFT
+    # 0.066 s (no re-split), 4 -> 92 s, 5 -> 175 s; math 4 -> 1.9 s, 5 -> 68 s;
+    # computer-use 2 -> 0.18 s, 3 -> 4.4 s; mixed (one phase) 3 -> 0.11 s
+    ("glm-5", "coding"): 3.0,
+    ("glm-5", "math"): 4.0,
     ("glm-5", "computer-use"): 3.0,
-    ("glm-5", "mixed"): 5.0,
+    ("glm-5", "mixed"): 3.0,
 }
 CHECKED_AT_FULL_LENGTH = {
     ("kimi-k2", "mixed"): "dynamo busy and stable",
     ("kimi-k2", "coding"): "dynamo busy, its queue recovering after each planner re-split",
     ("kimi-k2", "math"): "dynamo busy and stable, decode-bound",
     ("kimi-k2", "computer-use"): "dynamo busy, seconds of queue at the peak",
+    ("glm-5", "coding"): "dynamo stable, the last quiet rate (92 s P95 TTFT at 4)",
+    ("glm-5", "math"): "dynamo busy and stable, decode-bound",
+    ("glm-5", "computer-use"): "dynamo busy, seconds of queue at the peak",
+    ("glm-5", "mixed"): "dynamo stable",
 }
 """Rates checked with a full-length dynamo probe, and what dynamo does there; the others
 come from 200 s probes, which the full-length runs showed to be too high
