@@ -94,7 +94,9 @@ def main_table(results: dict[str, Any]) -> list[str]:
     lines.append("")
     lines.append(
         f"`vs {base}`: {base}'s value / the system's (above 1: lower latency than {base}, or"
-        f" for goodput: higher). `e2e / floor`: mean e2e / {results['floor']}'s (1 is the limit)."
+        f" for goodput: higher). `e2e / floor`: mean e2e / the lowest of"
+        f" `{results['floor']}` and its variants (`{results['floor']}-...`) in the run"
+        " (1 is the limit)."
     )
     return lines
 
