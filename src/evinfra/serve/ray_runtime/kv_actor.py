@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import ray
 
@@ -40,11 +39,9 @@ from evinfra.serve.ray_runtime.control import (
     Ticked,
 )
 from evinfra.serve.ray_runtime.links import ActorLink
-from evinfra.serve.ray_runtime.planner_actor import failure_reason
+from evinfra.serve.ray_runtime.supervised import SupervisedActor
 from evinfra.serve.ray_runtime.transport import KVTransport
 from evinfra.serve.requests import LiveRequest, finished_observation
-
-log = logging.getLogger(__name__)
 
 
 class KVManagerActorImpl:
@@ -95,8 +92,21 @@ KVManagerActor: Any = ray.remote(max_restarts=0)(KVManagerActorImpl)
 """The Ray actor class (sequential: calls run one at a time, in each caller's order)."""
 
 
-class RemoteKVManager:
+class RemoteKVManager(SupervisedActor[KVEvent]):
     """The frontend's side of the KV manager actor. Call from the frontend's event loop."""
+
+    NOT_READY: ClassVar[str] = (
+        "KV manager actor not ready after {timeout_s:.0f} s ({reason}): KV actions from the"
+        " frontend"
+    )
+    GIVEN_UP: ClassVar[str] = (
+        "KV manager actor failed ({reason}) after {num_restarts} restarts: KV actions from"
+        " the frontend"
+    )
+    RESTARTING: ClassVar[str] = (
+        "KV manager actor failed ({reason}): starting a new one from the frontend's KV"
+        " manager (restart {num_restarts} of {max_restarts})"
+    )
 
     def __init__(
         self,
@@ -106,20 +116,13 @@ class RemoteKVManager:
         max_restarts: int = 3,
         flush_interval_s: float = 0.05,
     ) -> None:
+        super().__init__(num_cpus, max_restarts)
         self.kv_manager = kv_manager
         self.flush_interval_s = flush_interval_s
         self.transport = transport
-        self.num_cpus = num_cpus
-        self.max_restarts = max_restarts
-        self.actor: Any = None
-        self.num_restarts = 0
         self.num_calls = 0
-        self.in_process = False
-        """True once the actor was given up on: the frontend applies its own actions."""
         self._nodes: dict[int, Any] = {}
-        self._events: list[KVEvent] = []
         self._flush_scheduled = False
-        self._last: tuple[Any, Any] | None = None
 
     def start(self, nodes: dict[int, Any]) -> None:
         """Create the actor, seeded with a copy of the frontend's KV manager, wired to
@@ -132,26 +135,8 @@ class RemoteKVManager:
         self._events.clear()
         self._last = None
 
-    async def wait_placed(self, timeout_s: float) -> bool:
-        """Wait until the actor answers; else apply KV actions in the frontend."""
-        try:
-            await asyncio.wait_for(self.actor.counts.remote(), timeout_s)
-        except Exception as exc:
-            log.warning(
-                "KV manager actor not ready after %.0f s (%s): KV actions from the frontend",
-                timeout_s,
-                failure_reason(exc),
-            )
-            self.close()
-            self.in_process = True
-            return False
-        return True
-
-    def close(self) -> None:
-        if self.actor is not None:
-            with contextlib.suppress(Exception):
-                ray.kill(self.actor, no_restart=True)
-            self.actor = None
+    def _restart(self) -> None:
+        self.start(self._nodes)
 
     # -- events (the frontend ran its own KV manager on each already) ----------------------
     def arrived(self, request: Request, now_s: float) -> None:
@@ -200,44 +185,6 @@ class RemoteKVManager:
                 await asyncio.wait_for(ref, timeout_s)
             except Exception as exc:
                 self._on_death(exc, actor)
-
-    # -- failures -------------------------------------------------------------------------
-    def _check_last(self) -> None:
-        if self._last is None:
-            return
-        actor, ref = self._last
-        ready, _ = ray.wait([ref], timeout=0)
-        if not ready:
-            return
-        self._last = None
-        try:
-            ray.get(ref)
-        except Exception as exc:
-            self._on_death(exc, actor)
-
-    def _on_death(self, exc: BaseException, actor: Any) -> None:
-        if actor is not self.actor:
-            return  # an actor already replaced: one death, one restart
-        reason = failure_reason(exc)
-        self.close()
-        if self.num_restarts >= self.max_restarts:
-            log.warning(
-                "KV manager actor failed (%s) after %d restarts: KV actions from the frontend",
-                reason,
-                self.num_restarts,
-            )
-            self.in_process = True
-            self._events.clear()
-            return
-        self.num_restarts += 1
-        log.warning(
-            "KV manager actor failed (%s): starting a new one from the frontend's KV manager"
-            " (restart %d of %d)",
-            reason,
-            self.num_restarts,
-            self.max_restarts,
-        )
-        self.start(self._nodes)
 
     async def counts(self) -> tuple[int, int, int, int]:
         """The current actor's (events, actions, messages, block tiers) so far."""
