@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from evinfra.bench.aggregate import is_floor_label
+
 SHOWN = ("evolving", "aggregated", "dynamo")
 
 
@@ -32,7 +34,7 @@ def _cell(block: dict[str, Any] | None, with_ratio: bool) -> str:
 def _floor(systems: dict[str, dict[str, Any]], floor: str) -> str:
     best: dict[str, float] = {}
     for label, block in systems.items():
-        if label != floor and not label.startswith(floor + "-"):
+        if not is_floor_label(label, floor):
             continue
         s = block.get("summary")
         if s is None:

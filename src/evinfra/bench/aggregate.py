@@ -84,6 +84,12 @@ def _value(block: Mapping[str, Any] | None, key: str) -> float | None:
     return float(v)
 
 
+def is_floor_label(label: str, floor: str) -> bool:
+    """Whether `label` gives the floor: the floor label itself or one of its variants
+    (`floor-...`, e.g. `oracle-split` beside `oracle`)."""
+    return label == floor or label.startswith(floor + "-")
+
+
 def add_ratios(blocks: dict[str, dict[str, Any]], baseline: str, floor: str) -> None:
     """Adds `ratio_vs_dynamo` (baseline / system) and `vs_floor` (system / floor) to each
     block, for mean end-to-end latency and P95 TTFT; None where a value is missing. The
@@ -91,7 +97,7 @@ def add_ratios(blocks: dict[str, dict[str, Any]], baseline: str, floor: str) -> 
     `floor-...`, e.g. `oracle` and `oracle-split`): neither all-mixed nor split nodes are
     best on every workload."""
     base = blocks.get(baseline)
-    lows = [b for label, b in blocks.items() if label == floor or label.startswith(floor + "-")]
+    lows = [b for label, b in blocks.items() if is_floor_label(label, floor)]
     for block in blocks.values():
         ratios: dict[str, float | None] = {}
         floors: dict[str, float | None] = {}
