@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
+from evinfra.core.allocation import Allocation
 from evinfra.core.blocks import num_blocks_for
 from evinfra.core.kv_pool import KVPool, PrefixMatch
 from evinfra.core.sequence import SeqPhase, Sequence
@@ -25,6 +26,9 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_prefill_chunk_tokens: int | None = None
     """Cap on one sequence's chunk per step (None: the remaining budget)."""
+    allocation: Allocation = Allocation.PROMPT
+    """When a prefill gets its blocks: the whole prompt at admission, or chunk by chunk
+    (see `core.allocation`)."""
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -144,9 +148,11 @@ class NodeScheduler:
         self.waiting.append(seq)
         return seq
 
-    def _try_admit(self, seq: Sequence) -> int | None:
+    def _try_admit(self, seq: Sequence, budget: int) -> int | None:
         """Give a waiting sequence its blocks: cached prefix first (device, then host),
-        then new ones. Returns the number of blocks onboarded from host, None if short."""
+        then new ones, for the whole prompt or (per-chunk allocation) for the chunk that
+        `budget` lets it run now. Returns the number of blocks onboarded from host, None
+        if short (nothing taken)."""
         bs = self.block_size
         target = seq.num_tokens
         hashes = seq.known_hashes()
@@ -154,20 +160,29 @@ class NodeScheduler:
         max_hit = (target - 1) // bs
         match = self.pool.match_prefix(hashes[:max_hit])
         need_total = num_blocks_for(target, bs)
-        num_new = need_total - match.num_device_blocks
         hit_hashes = hashes[: match.num_device_blocks]
-        ids = self.pool.try_acquire_and_allocate(hit_hashes, num_new)
+        num_hit = match.num_device_blocks + match.num_host_blocks
+        allocation = self.config.allocation
+        if not allocation.per_chunk:
+            need = need_total
+        elif allocation is Allocation.CHUNK_WHEN_PROMPT_FITS and not self.pool.can_allocate_after(
+            need_total - match.num_device_blocks, hit_hashes
+        ):
+            return None
+        else:
+            first = self._chunk_tokens(target - num_hit * bs, budget)
+            need = num_blocks_for(num_hit * bs + first, bs)
+        ids = self.pool.try_acquire_and_allocate(hit_hashes, need - match.num_device_blocks)
         if ids is None:
             return None
         start = match.num_device_blocks
         for i in range(match.num_host_blocks):
             self.pool.commit(ids[start + i], hashes[start + i])
         seq.block_ids = ids
-        num_hit = match.num_device_blocks + match.num_host_blocks
         seq.num_committed_blocks = num_hit  # cached and onboarded blocks are indexed
         seq.num_computed_tokens = num_hit * bs
         seq.num_prefill_target = target
-        if seq.num_generated == 0:
+        if seq.num_generated == 0 and seq.num_preemptions == 0:  # its first admission
             seq.num_cached_tokens = num_hit * bs
             seq.num_host_cached_tokens = match.num_host_blocks * bs
             self.num_prompt_tokens_seen += seq.request.num_prompt_tokens
@@ -210,44 +225,63 @@ class NodeScheduler:
             decodes = [s for s in decodes if s.phase is decoding]
             budget = cfg.max_num_batched_tokens - len(decodes)
         chunks: list[ChunkWork] = []
-        for seq in self.prefilling:
+        prefilling = SeqPhase.PREFILLING
+        for seq in list(self.prefilling):
             if budget <= 0:
                 break
-            budget -= self._add_chunk(seq, budget, chunks)
+            if seq.phase is not prefilling:
+                continue  # preempted for an older sequence's chunk or decode
+            take = self._chunk_tokens(seq.num_prefill_target - seq.num_computed_tokens, budget)
+            # per-chunk allocation: the chunk's blocks now, or it waits a step (a whole-prompt
+            # allocation already holds them)
+            if self._ensure_blocks(seq, seq.num_computed_tokens + take, preempted):
+                budget -= self._add_chunk(seq, take, chunks)
+        if preempted:
+            decodes = [s for s in decodes if s.phase is decoding]
         # admit new prefills only while this step has budget for them (as vLLM does): a
         # burst of requests sharing a prefix then hits the blocks the first one computed
-        # (committed chunk by chunk) instead of every one computing them
+        # (committed chunk by chunk) instead of every one computing them. Per-chunk
+        # allocation admits none in a step that had to preempt (as vLLM does)
         onboarded = 0
         while (
-            budget > 0 and self.waiting and len(decodes) + len(self.prefilling) < cfg.max_num_seqs
+            budget > 0
+            and self.waiting
+            and len(decodes) + len(self.prefilling) < cfg.max_num_seqs
+            and not (preempted and cfg.allocation.per_chunk)
         ):
-            got = self._try_admit(self.waiting[0])
+            got = self._try_admit(self.waiting[0], budget)
             if got is None:
                 break
             onboarded += got
             seq = self.waiting.popleft()
             self.prefilling.append(seq)
-            budget -= self._add_chunk(seq, budget, chunks)
+            take = self._chunk_tokens(seq.num_prefill_target - seq.num_computed_tokens, budget)
+            budget -= self._add_chunk(seq, take, chunks)
         if not chunks and not decodes:
             return None if not preempted else StepPlan((), (), 0, tuple(preempted))
         return StepPlan(tuple(chunks), tuple(decodes), onboarded, tuple(preempted))
 
-    def _add_chunk(self, seq: Sequence, budget: int, chunks: list[ChunkWork]) -> int:
-        remaining = seq.num_prefill_target - seq.num_computed_tokens
+    def _chunk_tokens(self, remaining: int, budget: int) -> int:
         take = min(remaining, budget)
         if self.config.max_prefill_chunk_tokens is not None:
             take = min(take, self.config.max_prefill_chunk_tokens)
+        return take
+
+    def _add_chunk(self, seq: Sequence, take: int, chunks: list[ChunkWork]) -> int:
+        remaining = seq.num_prefill_target - seq.num_computed_tokens
         chunks.append(ChunkWork(seq, take, seq.num_computed_tokens, take == remaining))
         return take
 
     def _ensure_blocks(self, seq: Sequence, num_tokens: int, preempted: list[Sequence]) -> bool:
+        """Extend `seq`'s blocks to hold `num_tokens`, preempting while short; False if
+        still short (it then waits a step)."""
         need = seq.num_blocks_needed(num_tokens, self.block_size)
         while need > 0:
             ids = self.pool.try_allocate(need)
             if ids is not None:
                 seq.block_ids.extend(ids)
                 return True
-            victim = self._pick_preemption_victim(exclude=seq)
+            victim = self._pick_preemption_victim(seq)
             if victim is None:
                 return False
             self.preempt(victim)
@@ -255,21 +289,34 @@ class NodeScheduler:
         return True
 
     def _pick_preemption_victim(self, exclude: Sequence) -> Sequence | None:
-        cands = [s for s in self.running if s is not exclude and s.phase is SeqPhase.DECODING]
+        """The newest decoding sequence but `exclude`. Under per-chunk allocation a
+        prefilling sequence holds part of its blocks and is a candidate too, and only
+        sequences admitted after `exclude` are: the oldest can then always take every
+        block it needs, so no two sequences wait on each other (vLLM's FCFS order)."""
+        decoding = SeqPhase.DECODING
+        cands = [s for s in self.running if s is not exclude and s.phase is decoding]
+        if self.config.allocation.per_chunk:
+            cands = [s for s in [*cands, *self.prefilling] if s.admit_seq > exclude.admit_seq]
         if not cands:
             return None
         return max(cands, key=lambda s: s.admit_seq)
 
     def preempt(self, seq: Sequence) -> None:
-        """Recompute-style preemption: keep its full blocks cached, free them, requeue it
-        at the front; it will re-prefill here and continue decoding."""
+        """Recompute-style preemption of a decoding sequence, or (per-chunk allocation) of
+        one whose prefill is under way: keep its full blocks cached, free them, requeue it
+        at the front; it will re-prefill here (a decode continues here, a prefill's decode
+        stays where the router put it)."""
+        was_prefilling = seq.phase is SeqPhase.PREFILLING
         self._release(seq)
         seq.num_computed_tokens = 0
         seq.phase = SeqPhase.WAITING
-        seq.decode_here = True
         seq.num_preemptions += 1
         seq.pending_prefill_tokens = seq.num_tokens
-        self.running.remove(seq)
+        if was_prefilling:
+            self.prefilling.remove(seq)
+        else:
+            seq.decode_here = True
+            self.running.remove(seq)
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 

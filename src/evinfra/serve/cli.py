@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from evinfra.core.allocation import ALLOCATIONS, parse_allocation
 from evinfra.serve.executors import EXECUTORS, ExecutorSpec
 
 DEMO_URL_HINT = """
@@ -76,6 +77,12 @@ def _add_server_flags(p: argparse.ArgumentParser, default_executor: str | None) 
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument(
+        "--kv-allocation", choices=ALLOCATIONS, default="prompt",
+        help="when a prefill gets its KV blocks: prompt (all at admission) | chunk (per"
+        " chunk, vLLM) | chunk-when-prompt-fits (per chunk, admitted once the whole prompt"
+        " fits: Dynamo's mocker)",
+    )  # fmt: skip
     p.add_argument("--threads-per-node", type=int, default=1)
     p.add_argument("--seed", type=int, default=0, help="weights of the tiny model")
     p.add_argument("--cost-model", default="dynamo-polynomial", help="timed executor's clock")
@@ -124,6 +131,7 @@ def serve_settings(args: argparse.Namespace) -> Any:
         block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
+        allocation=parse_allocation(args.kv_allocation),
         check_integrity=args.check_integrity,
         log_level=args.log_level,
     )

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_sentinels
 from typing import Any
 
+from evinfra.core.allocation import Allocation
 from evinfra.core.blocks import hash_token_blocks
 from evinfra.core.eviction import LRUEviction
 from evinfra.core.types import AgentHints, Request, Role, RoleChange, SwitchMode
@@ -80,6 +81,8 @@ class ClusterConfig:
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
     max_prefill_chunk_tokens: int | None = None
+    allocation: Allocation = Allocation.PROMPT
+    """When a prefill gets its KV blocks (`core.allocation`)."""
     stats_interval_s: float = 0.05
     kv_tick_s: float = 1.0
     check_integrity: bool = False
@@ -164,6 +167,7 @@ class LocalCluster:
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_num_seqs=cfg.max_num_seqs,
             max_prefill_chunk_tokens=cfg.max_prefill_chunk_tokens,
+            allocation=cfg.allocation,
             eviction=_picklable_eviction(self.bundle, node_id),
             stats_interval_s=cfg.stats_interval_s,
             check_integrity=cfg.check_integrity,

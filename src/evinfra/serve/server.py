@@ -14,6 +14,7 @@ from typing import Any
 
 import uvicorn
 
+from evinfra.core.allocation import Allocation
 from evinfra.serve.executors import ExecutorSpec, describe_model, node_cost_model
 from evinfra.serve.frontend import Frontend, create_app
 from evinfra.serve.runtime import ClusterConfig, LocalCluster
@@ -33,6 +34,7 @@ class ServeSettings:
     block_size: int = 16
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
+    allocation: Allocation = Allocation.PROMPT
     check_integrity: bool = False
     log_level: str = "warning"
 
@@ -53,6 +55,7 @@ def build_frontend(settings: ServeSettings) -> Frontend:
         block_size=settings.block_size,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_num_seqs=settings.max_num_seqs,
+        allocation=settings.allocation,
         check_integrity=settings.check_integrity,
         kv_bytes_per_token=model.kv_bytes_per_token,
         cost_model=node_cost_model(executor, settings.block_size),

@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from evinfra.core.allocation import Allocation
 from evinfra.core.blocks import ROOT_HASH, chain_hash, num_blocks_for
 from evinfra.core.eviction import EvictionPolicy
 from evinfra.core.kv_pool import KVPool
@@ -63,6 +64,8 @@ class WorkerSpec:
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
     max_prefill_chunk_tokens: int | None = None
+    allocation: Allocation = Allocation.PROMPT
+    """When a prefill gets its KV blocks (`core.allocation`)."""
     eviction: EvictionPolicy | None = None
     stats_interval_s: float = 0.05
     check_integrity: bool = False
@@ -110,6 +113,7 @@ class NodeWorker:
             spec.max_num_batched_tokens,
             spec.max_num_seqs,
             spec.max_prefill_chunk_tokens,
+            spec.allocation,
         )
         self.sched = NodeScheduler(spec.node_id, pool, cfg, spec.role)
         self.jobs: dict[int, _Job] = {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -39,6 +39,12 @@ class SimConfig(BaseModel):
     )
     max_num_batched_tokens: int = Field(8192, gt=0)
     max_num_seqs: int = Field(256, gt=0)
+    kv_allocation: Literal["prompt", "chunk", "chunk-when-prompt-fits"] = Field(
+        "prompt",
+        description="when a prefill gets its KV blocks: the whole prompt at admission, or"
+        " chunk by chunk (vLLM; -when-prompt-fits: admitted once the whole prompt would fit,"
+        " as Dynamo's mocker); see evinfra.core.allocation",
+    )
     duration_s: float = Field(600.0, gt=0)
     warmup_s: float = Field(60.0, ge=0)
     drain_s: float = Field(600.0, ge=0)

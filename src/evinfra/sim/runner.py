@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from evinfra.core.allocation import parse_allocation
 from evinfra.core.kv_pool import KVPool
 from evinfra.core.scheduler import NodeScheduler, SchedulerConfig
 from evinfra.costmodel.base import CostModel
@@ -116,7 +117,12 @@ def build_simulation(
     bundle = build_bundle(cfg, spec, cost)
     if len(bundle.initial_roles) != cfg.num_nodes:
         raise ConfigError(f"system {cfg.system} gave {len(bundle.initial_roles)} roles")
-    sched_cfg = SchedulerConfig(cfg.block_size, cfg.max_num_batched_tokens, cfg.max_num_seqs)
+    sched_cfg = SchedulerConfig(
+        cfg.block_size,
+        cfg.max_num_batched_tokens,
+        cfg.max_num_seqs,
+        allocation=parse_allocation(cfg.kv_allocation),
+    )
     nodes = []
     for i, role in enumerate(bundle.initial_roles):
         pool = KVPool(

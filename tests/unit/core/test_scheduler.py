@@ -1,6 +1,8 @@
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from evinfra.core.allocation import Allocation
 from evinfra.core.blocks import hash_token_blocks
 from evinfra.core.kv_pool import KVPool
 from evinfra.core.scheduler import NodeScheduler, SchedulerConfig
@@ -19,9 +21,16 @@ def make_request(rid: int, prompt: list[int], num_out: int) -> Request:
     )
 
 
-def make_sched(num_blocks: int = 64, budget: int = 16, max_seqs: int = 4) -> NodeScheduler:
-    cfg = SchedulerConfig(block_size=BS, max_num_batched_tokens=budget, max_num_seqs=max_seqs)
-    return NodeScheduler(0, KVPool(num_blocks), cfg, Role.MIXED)
+def make_sched(
+    num_blocks: int = 64,
+    budget: int = 16,
+    max_seqs: int = 4,
+    allocation: Allocation = Allocation.PROMPT,
+    max_chunk: int | None = None,
+    num_host_blocks: int = 0,
+) -> NodeScheduler:
+    cfg = SchedulerConfig(BS, budget, max_seqs, max_chunk, allocation)
+    return NodeScheduler(0, KVPool(num_blocks, num_host_blocks), cfg, Role.MIXED)
 
 
 def run_to_idle(sched: NodeScheduler, max_steps: int = 10_000) -> list[int]:
@@ -71,8 +80,9 @@ def test_second_turn_hits_first_turns_prompt_and_output() -> None:
     assert plan.chunks[0].num_new_tokens == 24 - 16
 
 
-def test_preemption_when_kv_runs_out_loses_nothing() -> None:
-    sched = make_sched(num_blocks=10, budget=64, max_seqs=8)
+@pytest.mark.parametrize("allocation", list(Allocation))
+def test_preemption_when_kv_runs_out_loses_nothing(allocation: Allocation) -> None:
+    sched = make_sched(num_blocks=10, budget=64, max_seqs=8, allocation=allocation)
     for rid in range(4):
         sched.enqueue_prefill(make_request(rid, [rid] * 8, 12), decode_here=True)
     finished = run_to_idle(sched)
@@ -132,11 +142,17 @@ def test_decode_run_equals_single_steps() -> None:
     st.lists(st.tuples(st.integers(1, 30), st.integers(1, 12), st.integers(0, 3)), max_size=12),
     st.integers(6, 40),
     st.integers(4, 32),
+    st.sampled_from(list(Allocation)),
+    st.sampled_from([None, 3, 8]),
 )
 def test_no_request_lost_or_finished_twice(
-    reqs: list[tuple[int, int, int]], num_blocks: int, budget: int
+    reqs: list[tuple[int, int, int]],
+    num_blocks: int,
+    budget: int,
+    allocation: Allocation,
+    max_chunk: int | None,
 ) -> None:
-    sched = make_sched(num_blocks=num_blocks, budget=budget, max_seqs=4)
+    sched = make_sched(num_blocks, budget, 4, allocation, max_chunk)
     ids = []
     for rid, (plen, nout, family) in enumerate(reqs):
         # requests that cannot fit the whole pool are not sent
@@ -147,6 +163,10 @@ def test_no_request_lost_or_finished_twice(
     finished = run_to_idle(sched)
     assert sorted(finished) == ids
     assert sched.is_idle and sched.pool.num_used_blocks == 0
+    # each prompt counted once, however often it was preempted and re-admitted
+    assert sched.num_prompt_tokens_seen == sum(
+        plen for rid, (plen, _, _) in enumerate(reqs) if rid in ids
+    )
 
 
 def test_a_burst_sharing_a_prefix_computes_it_once() -> None:
