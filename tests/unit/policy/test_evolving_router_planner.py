@@ -145,3 +145,55 @@ def test_light_load_makes_every_node_mixed_and_heavy_load_splits_again() -> None
     split = p.plan(cluster(*mixed), 75.0)
     roles = sorted(c.new_role.value for c in split)
     assert len(split) == 4 and "prefill" in roles and "decode" in roles
+
+
+def test_split_gives_the_node_at_the_half_to_the_smaller_pool() -> None:
+    p = planner()
+    # x = 16 * 12.5 / 16 = 12.5: 13/3 would load decode to 3.5/3 = 117%, 12/4 prefill 104%
+    assert p.target_prefill_nodes(12.5, 3.5, 16) == 12
+    # past p * n / (n - 1) = 12.8 the thirteenth prefill node is the better one
+    assert p.target_prefill_nodes(12.9, 3.1, 16) == 13
+    # the same rule at the other end: prefill is the smaller pool
+    assert p.target_prefill_nodes(1.5, 14.5, 16) == 2
+    assert p.target_prefill_nodes(1.05, 14.95, 16) == 1
+    # clamped to one node each
+    assert p.target_prefill_nodes(0.0, 5.0, 4) == 1
+    assert p.target_prefill_nodes(5.0, 0.0, 4) == 3
+
+
+def test_split_in_force_holds_near_the_boundary_and_moves_past_it() -> None:
+    p = planner()
+    # best is 13 (load 1.033 against 12's 1.075), within 5% of it: 12 holds
+    assert p.target_prefill_nodes(12.9, 3.1, 16, current_p=12) == 12
+    assert p.target_prefill_nodes(12.9, 3.1, 16, current_p=None) == 13
+    # further out, 12 is 8% worse than 13 and gives way
+    assert p.target_prefill_nodes(13.1, 2.9, 16, current_p=12) == 13
+    no_band = planner(split_hysteresis=0.0)
+    assert no_band.target_prefill_nodes(12.9, 3.1, 16, current_p=12) == 13
+
+
+class _FixedDemand(EvolvingPlanner):
+    """A planner told its demand, to drive plan() at chosen points."""
+
+    need: tuple[float, float] = (0.0, 0.0)
+
+    def demand(self, view: object, now_s: float) -> tuple[float, float]:
+        return self.need
+
+
+def test_plan_keeps_a_split_near_the_boundary_instead_of_flipping() -> None:
+    # 16 nodes at 12/4 with demand just either side of 12.8, where rounding to the
+    # nearest node asked for 13/3 every time
+    cfg = PlannerConfig(mixed_below_utilisation=0.0, min_dwell_s=0.0, confirm_ticks=2)
+    p = _FixedDemand(SessionTable(), RATES, 16, cfg)
+    nodes = [FakeNode(i, Role.PREFILL if i < 12 else Role.DECODE) for i in range(16)]
+    changes = []
+    for t in range(6):
+        p.need = (12.7, 3.3) if t % 2 else (12.9, 3.1)
+        changes += p.plan(cluster(*nodes), 5.0 * t)
+    assert changes == []
+    assert {target[1] for target in p.targets} == {12}
+    # demand well past the boundary still moves a node
+    p.need = (13.6, 2.4)
+    moved = p.plan(cluster(*nodes), 30.0) + p.plan(cluster(*nodes), 35.0)
+    assert [c.new_role for c in moved] == [Role.PREFILL]

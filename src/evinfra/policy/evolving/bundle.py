@@ -32,6 +32,7 @@ OPTIONS = (
     "max_local_prefill_tokens",
     "migrate_on_switch",
     "mixed_below_utilisation",
+    "split_hysteresis",
     "tier_messages",
 )
 
@@ -78,6 +79,7 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
                 mixed_below_utilisation=get_float(
                     options, "mixed_below_utilisation", 0.5, min_value=0.0
                 ),
+                split_hysteresis=get_float(options, "split_hysteresis", 0.05, min_value=0.0),
                 switch_mode=mode,
             ),
         )

@@ -42,6 +42,9 @@ class PlannerConfig:
     use_forecast: bool = True
     mixed_below_utilisation: float = 0.5
     """Below this share of the cluster's capacity in use, every node is mixed."""
+    split_hysteresis: float = 0.05
+    """A split keeps its prefill count while the busier pool's load is within this
+    fraction of the best count's, so demand near a boundary does not flip a node."""
     switch_mode: SwitchMode = SwitchMode.IN_PLACE
 
 
@@ -124,15 +127,38 @@ class EvolvingPlanner:
             self.prediction_log.append((t0, p0, observed))
         self._last_prediction = (now_s, predicted)
 
-    def target_prefill_nodes(self, need_p: float, need_d: float, num_nodes: int) -> int:
+    def target_prefill_nodes(
+        self, need_p: float, need_d: float, num_nodes: int, current_p: int | None = None
+    ) -> int:
+        """Prefill nodes for a split: the count whose busier pool carries the least load
+        per node, need_p / p against need_d / (n - p). The balance point x = n * need_p /
+        (need_p + need_d) lies between two counts; rounding x to the nearest one overloads
+        the smaller pool (16 nodes, x = 12.5: 13/3 loads decode to 117% of its target,
+        12/4 loads prefill to 104%), so the smaller pool gets the node until x passes
+        p * n / (n - 1). `current_p`, the split in force, is kept while its load is within
+        `split_hysteresis` of the best count's."""
         if num_nodes <= 1:
             return 0
+        last = num_nodes - 1
         total = need_p + need_d
-        share = 0.5 if total <= 0 else need_p / total
-        target = math.floor(num_nodes * share + 0.5)
-        return min(max(target, 1), num_nodes - 1)
+        if total <= 0:
+            return min(max(num_nodes // 2, 1), last)
 
-    def target_roles(self, need_p: float, need_d: float, num_nodes: int) -> tuple[int, int, int]:
+        def load(p: int) -> float:
+            return max(need_p / p, need_d / (num_nodes - p))
+
+        x = num_nodes * need_p / total
+        low = min(max(math.floor(x), 1), last)
+        high = min(max(math.ceil(x), 1), last)
+        best = high if load(high) < load(low) else low
+        band = load(best) * (1 + self.config.split_hysteresis)
+        if current_p is not None and 1 <= current_p <= last and load(current_p) <= band:
+            return current_p
+        return best
+
+    def target_roles(
+        self, need_p: float, need_d: float, num_nodes: int, current_p: int | None = None
+    ) -> tuple[int, int, int]:
         """(prefill, decode, mixed) nodes wanted. Under light load every node is mixed:
         prefill interference costs little there and any node can take a session back where
         its context lives; past `mixed_below_utilisation` the split disaggregates, unless
@@ -144,7 +170,7 @@ class EvolvingPlanner:
         if num_nodes <= 1 or (need_p + need_d) / num_nodes < threshold:
             self._split = False
             return 0, 0, num_nodes
-        p = self.target_prefill_nodes(need_p, need_d, num_nodes)
+        p = self.target_prefill_nodes(need_p, need_d, num_nodes, current_p)
         share_p = num_nodes * need_p / (need_p + need_d)
         mixing = self.config.mixed_below_utilisation > 0  # 0: never mixed by load
         if mixing and (share_p < 0.5 or self._need_d_kv > num_nodes - p):
@@ -166,9 +192,10 @@ class EvolvingPlanner:
             return []
         nodes = [n for n in view.nodes if n.is_serving]
         need_p, need_d = self.demand(view, now_s)
-        target = self.target_roles(need_p, need_d, len(nodes))
-        self.targets.append((now_s, target[0], target[1] + target[2]))
         current = tuple(sum(1 for n in nodes if n.role is r) for r in _ROLES)
+        split_p = current[0] if current[0] and not current[2] else None
+        target = self.target_roles(need_p, need_d, len(nodes), split_p)
+        self.targets.append((now_s, target[0], target[1] + target[2]))
         if target == current:
             self._pending_target, self._pending_count = None, 0
             return []
