@@ -21,6 +21,13 @@ import httpx
 
 HOST = "127.0.0.1"
 MOCKER_MODEL_NAME = "mock"
+MOCKER_KV_ALLOCATION = "chunk-when-prompt-fits"
+"""How the mocker's vLLM scheduler (aisimulate-core 0.13, Dynamo 1.6.1) gives a prefill
+its KV, in evinfra's terms (`evinfra.core.allocation`): a waiting request is admitted
+only when its whole known sequence fits the blocks no running request holds
+(`decide_waiting_admission_with_cost`), then blocks are allocated chunk by chunk
+(`schedule_request`: `allocate_native` up to the chunk's end), the newest running request
+preempted while short, and nothing admitted in a pass that preempted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +42,8 @@ class EngineShape:
     utilisation_source: str = "decode_context"
     """What the decode polynomial's KV utilisation counts on evinfra's side: the decoding
     sequences' contexts, as Dynamo 1.6.1's mocker does (measured: see the docs)."""
+    kv_allocation: str = MOCKER_KV_ALLOCATION
+    """evinfra's `--kv-allocation` (and its simulation's): by default the mocker's."""
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -134,6 +143,7 @@ def evinfra_command(dep: Deployment, shape: EngineShape, evinfra: str, port: int
         "--cost-option", f"speedup_ratio={shape.speedup_ratio}",
         "--cost-option", f"kv_capacity_tokens={shape.kv_capacity_tokens}",
         "--cost-option", f"utilisation_source={shape.utilisation_source}",
+        "--kv-allocation", shape.kv_allocation,
         *(a for k, v in dep.system_options for a in ("--system-option", f"{k}={v}")),
     ]  # fmt: skip
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from launch import Deployment, EngineShape
+from launch import MOCKER_KV_ALLOCATION, Deployment, EngineShape
 
 MOONCAKE_TRACE = "traces/mooncake_fast25/conversation_trace.jsonl"
 REPLAY_VOCAB_SIZE = 512
@@ -153,6 +153,8 @@ def sim_config(
         "kv_capacity_scale": (shape.num_blocks + 0.5) / num_device_blocks_per_node,
         "max_num_batched_tokens": shape.max_num_batched_tokens,
         "max_num_seqs": shape.max_num_seqs,
+        # each server's own: evinfra's setting, the mocker's scheduler for Dynamo
+        "kv_allocation": shape.kv_allocation if dep.kind == "evinfra" else MOCKER_KV_ALLOCATION,
         "cost_model": "dynamo-polynomial",
         "cost_options": {
             "speedup_ratio": shape.speedup_ratio,

@@ -93,6 +93,11 @@ def with_agent_blocks(run: WorkloadRun, num_blocks: int) -> WorkloadRun:
     return replace(run, shape=replace(run.shape, num_blocks=num_blocks))
 
 
+def with_kv_allocation(run: WorkloadRun, allocation: str) -> WorkloadRun:
+    """evinfra's KV allocation (serve and sim) for every workload; Dynamo keeps its own."""
+    return replace(run, shape=replace(run.shape, kv_allocation=allocation))
+
+
 def with_concurrency(run: WorkloadRun, concurrency: int) -> WorkloadRun:
     """The closed-loop agent workloads with another number of sessions kept running."""
     return run if run.trace is not None else replace(run, concurrency=concurrency)
@@ -316,6 +321,8 @@ class SideBySide:
             runs = [r for r in runs if r.name in self.args.workloads.split(",")]
         if self.args.agent_concurrency is not None:
             runs = [with_concurrency(r, self.args.agent_concurrency) for r in runs]
+        if self.args.kv_allocation is not None:
+            runs = [with_kv_allocation(r, self.args.kv_allocation) for r in runs]
         if self.args.workload_param:
             params = tuple(tuple(p.split("=", 1)) for p in self.args.workload_param)
             runs = [r if r.trace is not None else replace(r, params=params) for r in runs]
@@ -395,6 +402,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--agent-concurrency", type=int, help="sessions kept running, coding and mixed (12)"
+    )
+    p.add_argument(
+        "--kv-allocation",
+        choices=("prompt", "chunk", "chunk-when-prompt-fits"),
+        help="evinfra's KV allocation, served and simulated (default: the mocker's,"
+        " chunk-when-prompt-fits)",
     )
     p.add_argument(
         "--workload-param",

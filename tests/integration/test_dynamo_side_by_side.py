@@ -91,6 +91,7 @@ def test_both_systems_get_the_same_engine() -> None:
     assert "speedup_ratio=2.0" in ev and flag(mocker, "--speedup-ratio") == "2.0"
     assert f"kv_capacity_tokens={16 * 4096}" in ev
     assert "utilisation_source=decode_context" in ev
+    assert flag(ev, "--kv-allocation") == "chunk-when-prompt-fits"  # the mocker's scheduler
     assert flag(frontend, "--router-mode") == "kv" and flag(frontend, "--http-host") == "127.0.0.1"
     assert flag(mocker, "--discovery-backend") == "file"
     assert flag(mocker, "--request-plane") == "tcp"
@@ -130,6 +131,16 @@ def test_sim_configs_carry_each_servers_measured_fixed_costs() -> None:
     assert agg["api_overhead_s"] == dis["api_overhead_s"] == FIXED_COSTS["dynamo"].api_overhead_s
     # Dynamo's client gets its first token from the decode worker's first pass
     assert dis["first_token_on_decode_step"] and not ev["first_token_on_decode_step"]
+    # each server's own KV allocation: evinfra's setting, the mocker's scheduler for Dynamo
+    assert ev["kv_allocation"] == agg["kv_allocation"] == "chunk-when-prompt-fits"
+    from side_by_side import with_kv_allocation
+
+    chunk = with_kv_allocation(run, "chunk")
+    assert sim_config(Deployment("evinfra"), chunk, limits, 100_000)["kv_allocation"] == "chunk"
+    assert sim_config(Deployment("dynamo-disagg"), chunk, limits, 100_000)["kv_allocation"] == (
+        "chunk-when-prompt-fits"
+    )
+    assert evinfra_command(Deployment("evinfra"), chunk.shape, "e", 1)[-1] == "chunk"
     # the probe's simulations run without them, so the excess is the whole fixed cost
     probe = probe_sim_config(Deployment("dynamo-disagg"), run, limits, 100_000)
     assert probe["api_overhead_s"] == probe["handoff_overhead_s"] == 0.0
