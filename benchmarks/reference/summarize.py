@@ -3,14 +3,18 @@ results.json), one row per scenario with every system's mean e2e / P95 TTFT, the
 against the baseline and the floor (the lower of the oracle variants run).
 
     .venv/bin/python benchmarks/reference/summarize.py runs/ref-kimi-k2-*-s0
+    .venv/bin/python benchmarks/reference/summarize.py runs/ref-* --plot ratios.png
 
-A folder without results.json is reported and skipped; nothing is written.
+A folder without results.json is reported and skipped. With `--plot PNG` it also draws
+each scenario's ratios against the baseline (mean e2e and P95 TTFT, one bar per system
+shown, log scale) with the reference result's targets as lines; nothing else is written.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,8 @@ from typing import Any
 from evinfra.bench.aggregate import is_floor_label
 
 SHOWN = ("evolving", "aggregated", "dynamo")
+TARGETS = {"mean_e2e_s": 4.1, "p95_ttft_s": 14.0}
+"""The reference result's ratios against Dynamo (mean e2e, P95 TTFT)."""
 
 
 def _cell(block: dict[str, Any] | None, with_ratio: bool) -> str:
@@ -63,22 +69,100 @@ def row(results: dict[str, Any]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def scenario_label(results: dict[str, Any]) -> str:
+    cfg = results["config"]
+    name = str(results["scenario"]).removeprefix("ref-")
+    return f"{name} @ {cfg['session_rate']:g}/s"
+
+
+def ratios(results: dict[str, Any], metric: str) -> dict[str, float]:
+    """Each shown system's ratio against the baseline on `metric` (above 1: better)."""
+    out: dict[str, float] = {}
+    for label in SHOWN:
+        if label == results["baseline"]:
+            continue
+        r = (results["systems"].get(label) or {}).get("ratio_vs_dynamo") or {}
+        if r.get(metric):
+            out[label] = float(r[metric])
+    return out
+
+
+def _minor_label(value: float, _pos: object) -> str:
+    """2x, 5x, 20x, ... between the decades; nothing at the other minor ticks."""
+    mantissa = value / 10 ** math.floor(math.log10(value)) if value > 0 else 0.0
+    return f"{value:g}x" if round(mantissa) in (2, 5) else ""
+
+
+def plot(all_results: list[dict[str, Any]], path: Path) -> None:
+    """Horizontal bars, one group per scenario, a panel per metric, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    labels = [scenario_label(r) for r in all_results]
+    systems = [s for s in SHOWN if any(s != r["baseline"] for r in all_results)]
+    height = 0.8 / max(len(systems), 1)
+    fig, axes = plt.subplots(
+        1, 2, figsize=(11, 1.2 + 0.45 * len(labels) * max(len(systems), 1)), sharey=True
+    )
+    titles = {"mean_e2e_s": "mean e2e", "p95_ttft_s": "P95 TTFT"}
+    for ax, metric in zip(axes, TARGETS, strict=True):
+        for j, system in enumerate(systems):
+            ys, xs = [], []
+            for i, results in enumerate(all_results):
+                value = ratios(results, metric).get(system)
+                if value is not None:
+                    ys.append(i + (j - (len(systems) - 1) / 2) * height)
+                    xs.append(value)
+            ax.barh(ys, xs, height=height, label=system)
+            for y, x in zip(ys, xs, strict=True):
+                ax.annotate(
+                    f"{x:.3g}x",
+                    (x, y),
+                    xytext=(3, 0),
+                    textcoords="offset points",
+                    va="center",
+                    fontsize=7,
+                )
+        ax.set_xscale("log")
+        ax.axvline(1.0, color="black", lw=1)
+        ax.axvline(TARGETS[metric], color="red", ls="--", lw=1, label="reference target")
+        ax.set_title(f"{titles[metric]}: {all_results[0]['baseline']} / system (above 1: better)")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.xaxis.set_minor_formatter(FuncFormatter(_minor_label))
+        ax.set_yticks(range(len(labels)), labels)
+        ax.grid(axis="x", which="both", alpha=0.3)
+    axes[0].invert_yaxis()  # shared: the first scenario, and the first system, on top
+    axes[0].legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", type=Path, help="evinfra bench --out folders")
+    parser.add_argument("--plot", type=Path, help="also draw the ratios into this PNG")
     args = parser.parse_args(argv)
     print(
         "| scenario | evolving | aggregated | dynamo | floor | evolving / floor | command |\n"
         "| --- | --- | --- | --- | --- | ---: | --- |"
     )
     missing = 0
+    found: list[dict[str, Any]] = []
     for folder in args.folders:
         path = folder / "results.json"
         if not path.is_file():
             print(f"skipped {folder}: no results.json", file=sys.stderr)
             missing += 1
             continue
-        print(row(json.loads(path.read_text())))
+        found.append(json.loads(path.read_text()))
+        print(row(found[-1]))
+    if args.plot is not None and found:
+        plot(found, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
     return 1 if missing == len(args.folders) else 0
 
 

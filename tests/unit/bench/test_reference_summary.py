@@ -54,3 +54,30 @@ def test_rows_and_floor(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "| 4.00 / 0.1 | 1.25x |" in line  # the floor per metric: 4.0 split, 0.1 mixed
     assert "missing" in err
     assert load().main([str(tmp_path / "missing")]) == 1
+
+
+def test_plot_draws_every_scenarios_ratios(tmp_path: Path) -> None:
+    module = load()
+    for name, ratio in (("ref-a", 2.0), ("ref-b", 0.5)):
+        results = {
+            "scenario": name,
+            "config": {"session_rate": 3.0},
+            "seeds": [0],
+            "baseline": "dynamo",
+            "floor": "oracle",
+            "command": "evinfra bench x.yaml",
+            "systems": {
+                "evolving": block(5.0, 0.2, ratio),
+                "aggregated": block(6.0, 0.3, ratio / 2),
+                "dynamo": block(10.0, 4.0),
+            },
+        }
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(results))
+        # the baseline has no bar; each other shown system its ratio
+        assert module.ratios(results, "p95_ttft_s") == {"evolving": ratio, "aggregated": ratio / 2}
+        assert module.scenario_label(results) == f"{name.removeprefix('ref-')} @ 3/s"
+    png = tmp_path / "ratios.png"
+    assert module.main([str(tmp_path / "ref-a"), str(tmp_path / "ref-b"), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 10_000
