@@ -30,6 +30,10 @@ class WorkloadRun:
     """Generator parameters (`--workload-param KEY=VALUE`; the simulator gets them too)."""
     shape: EngineShape = field(default_factory=EngineShape)
     max_requests: int = 400
+    max_context_tokens: int | None = None
+    """The context limit `evinfra replay` cuts every call to for every server
+    (`--max-context-tokens`) and the simulator cuts its calls to (`sim_cut.py`); None:
+    each server's own listed `max_model_len` (evinfra lists its KV, Dynamo none)."""
 
     def replay_flags(self) -> list[str]:
         if self.trace is not None:
@@ -84,7 +88,26 @@ def replay_argv(
         "--max-requests", str(run.max_requests), "--max-duration-s", str(limits.duration_s),
         "--drain-s", str(limits.drain_s), "--label", label, "--out", str(out),
         *([] if hints else ["--no-hints"]),
+        *context_flags(run),
     ]  # fmt: skip
+
+
+def context_flags(run: WorkloadRun) -> list[str]:
+    if run.max_context_tokens is None:
+        return []
+    return ["--max-context-tokens", str(run.max_context_tokens)]
+
+
+def with_max_context(run: WorkloadRun, limit: str) -> WorkloadRun:
+    """The script's `--max-context-tokens`: `kv` (a node's KV in tokens, so no call exceeds
+    a node; what evinfra's server lists), `server` (each server's own listed limit: evinfra
+    cuts, Dynamo's frontend lists none and its mocker rejects what does not fit), or a
+    number of tokens."""
+    if limit == "server":
+        return replace(run, max_context_tokens=None)
+    if limit == "kv":
+        return replace(run, max_context_tokens=run.shape.kv_capacity_tokens)
+    return replace(run, max_context_tokens=int(limit))
 
 
 SIM_SYSTEMS: dict[str, tuple[str, dict[str, Any]]] = {

@@ -40,6 +40,7 @@ from matrix import (  # noqa: E402
     make_hf_cache,
     replay_argv,
     sim_config,
+    with_max_context,
     write_crosscheck_trace,
     write_sim_config,
 )
@@ -134,6 +135,15 @@ def evinfra_server_stats(url: str) -> dict[str, Any]:
     return values
 
 
+def sim_argv(evinfra_bin: str, run: WorkloadRun, cfg_path: Path, out: Path) -> list[str]:
+    """`evinfra sim` on the run's config, or `sim_cut.py` when the replays cut every call
+    to a context limit: the simulator is given the calls the servers were sent."""
+    if run.max_context_tokens is None:
+        return [evinfra_bin, "sim", "--config", str(cfg_path), "--quiet", "--out", str(out)]
+    return [sys.executable, str(HERE / "sim_cut.py"), "--config", str(cfg_path),
+            "--max-context-tokens", str(run.max_context_tokens), "--out", str(out)]  # fmt: skip
+
+
 def git_head() -> str:
     try:
         out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
@@ -209,7 +219,7 @@ class SideBySide:
         cfg_path = self.out / "sim" / run.name / f"{dep.label}.yaml"
         write_sim_config(cfg_path, cfg)
         out = self.out / "sim" / run.name / dep.label
-        argv = [self.evinfra, "sim", "--config", str(cfg_path), "--quiet", "--out", str(out)]
+        argv = sim_argv(self.evinfra, run, cfg_path, out)
         self.commands.append(" ".join(argv))
         if run_bounded(argv, 300, self.out / "logs" / f"sim-{run.name}-{dep.label}.log") == 0:
             summary = json.loads((out / "summary.json").read_text())
@@ -323,6 +333,7 @@ class SideBySide:
             runs = [with_concurrency(r, self.args.agent_concurrency) for r in runs]
         if self.args.kv_allocation is not None:
             runs = [with_kv_allocation(r, self.args.kv_allocation) for r in runs]
+        runs = [with_max_context(r, self.args.max_context_tokens) for r in runs]
         if self.args.workload_param:
             params = tuple(tuple(p.split("=", 1)) for p in self.args.workload_param)
             runs = [r if r.trace is not None else replace(r, params=params) for r in runs]
@@ -355,7 +366,8 @@ class SideBySide:
             "limits": asdict(self.limits), "failures": self.failures,
             "commit": commit, "commit_at_end": commit_end,
             "workloads": {r.name: {"shape": asdict(r.shape), "concurrency": r.concurrency,
-                                   "trace": str(r.trace) if r.trace else None} for r in runs},
+                                   "trace": str(r.trace) if r.trace else None,
+                                   "max_context_tokens": r.max_context_tokens} for r in runs},
             "commands": self.commands,
         }  # fmt: skip
         (self.out / "results.json").write_text(json.dumps(payload, indent=2, default=float))
@@ -376,6 +388,21 @@ class SideBySide:
         print(text)
         log(f"wrote {self.out}/report.md and results.json ({wall_s:.0f} s)")
         return 0
+
+
+def context_limit(text: str) -> str:
+    """`kv`, `server` or a whole number of tokens (at least 2), else a usage error."""
+    if text in ("kv", "server"):
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"`kv`, `server` or a number of tokens, not {text!r}"
+        ) from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 tokens, got {value}")
+    return text
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -414,6 +441,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         metavar="KEY=VALUE",
         help="a generator parameter for coding and mixed (replay and sim), repeatable",
+    )
+    p.add_argument(
+        "--max-context-tokens",
+        type=context_limit,
+        default="kv",
+        help="the limit every replay (every system's) and the simulator cut each call to:"
+        " `kv` (default: a node's KV in tokens, num_blocks x block_size), `server` (each"
+        " server's own listed max_model_len: evinfra lists its KV and cuts, Dynamo lists"
+        " none and rejects what does not fit), or a number of tokens",
     )
     p.add_argument(
         "--evinfra-systems",

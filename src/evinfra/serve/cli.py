@@ -177,6 +177,13 @@ def _add_replay_flags(p: argparse.ArgumentParser, with_seed: bool = True) -> Non
     p.add_argument("--drain-s", type=float, default=60.0, help="wait for in-flight calls")
     p.add_argument("--token-scale", type=float, default=1.0, help="shrink prompts and outputs")
     p.add_argument("--vocab-size", type=int, help="default: the server's, else 32000")
+    p.add_argument(
+        "--max-context-tokens",
+        type=_context_tokens,
+        help="cut every call to this many prompt + output tokens (the prompt's head, output"
+        " at most a quarter), whatever the server lists; it takes precedence over the"
+        " server's max_model_len (default: that, else no limit)",
+    )
     p.add_argument("--no-hints", dest="hints", action="store_false")
     if with_seed:
         p.add_argument("--seed", type=int, default=0, help="workload seed")
@@ -184,6 +191,21 @@ def _add_replay_flags(p: argparse.ArgumentParser, with_seed: bool = True) -> Non
     p.add_argument("--num-gpus", type=int, default=1, help="for tokens/s per GPU")
     p.add_argument("--label", help="the column name in the table (default: the model)")
     p.add_argument("--out", help="directory for summary.json and requests.jsonl")
+
+
+def _context_tokens(text: str) -> int:
+    from evinfra.serve.replay import MIN_CONTEXT_TOKENS
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of tokens: {text!r}") from None
+    if value < MIN_CONTEXT_TOKENS:
+        raise argparse.ArgumentTypeError(
+            f"must be at least {MIN_CONTEXT_TOKENS} (a prompt token and an output token),"
+            f" got {value}"
+        )
+    return value
 
 
 def add_replay_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -230,6 +252,7 @@ def replay(args: argparse.Namespace, url: str, model: str | None) -> int:
         drain_s=args.drain_s,
         hints=args.hints,
         token_scale=args.token_scale,
+        max_context_tokens=args.max_context_tokens,
         vocab_size=args.vocab_size,
         seed=args.seed,
         warmup_s=args.warmup_s,

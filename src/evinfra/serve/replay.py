@@ -47,7 +47,11 @@ class ReplaySettings:
     """Multiplies every segment's and output's length (min 1): shrinks a workload for a
     small model while keeping its prefix structure."""
     max_context_tokens: int | None = None
-    """None: the server's `max_model_len` when it lists one. Longer prompts keep their head."""
+    """The context limit every call is cut to (`cut_to_context`). Set, it takes precedence
+    over whatever the server lists, so servers that list different limits (or none) get
+    the same calls; a call within it but over the server's own limit is sent as it is and
+    the server answers with its error. None: the server's `max_model_len` when it lists
+    one, else no limit."""
     vocab_size: int | None = None
     """None: the server's `vocab_size` when it lists one, else 32000."""
     min_token_id: int = 16
@@ -55,6 +59,29 @@ class ReplaySettings:
     warmup_s: float = 0.0
     num_gpus: int = 1
     label: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_context_tokens is not None and self.max_context_tokens < MIN_CONTEXT_TOKENS:
+            raise ValueError(
+                f"max_context_tokens must be at least {MIN_CONTEXT_TOKENS} (a prompt token and"
+                f" an output token), got {self.max_context_tokens}"
+            )
+
+
+MIN_CONTEXT_TOKENS = 2
+
+
+def cut_to_context(
+    num_prompt_tokens: int, max_tokens: int, max_context_tokens: int | None
+) -> tuple[int, int]:
+    """(prompt tokens kept, max_tokens) of a call under a context limit. A call whose prompt
+    and output fit is unchanged; a longer one keeps its output up to a quarter of the limit
+    (at least 1) and the head of its prompt up to the rest, so the server is neither sent a
+    prompt it must reject nor left without room to decode."""
+    if max_context_tokens is None or num_prompt_tokens + max_tokens <= max_context_tokens:
+        return num_prompt_tokens, max_tokens
+    max_tokens = min(max_tokens, max(1, max_context_tokens // 4))
+    return min(num_prompt_tokens, max_context_tokens - max_tokens), max_tokens
 
 
 @dataclass(slots=True)
@@ -113,6 +140,8 @@ class Replayer:
         self._model = settings.model or ""
         self._vocab = settings.vocab_size or 32000
         self._max_context = settings.max_context_tokens
+        self._server_max_context: int | None = None
+        self._num_cut = 0
 
     def now_s(self) -> float:
         return time.monotonic() - self._t0
@@ -138,8 +167,10 @@ class Replayer:
         self._model = self._model or str(card["id"])
         if self.s.vocab_size is None and isinstance(card.get("vocab_size"), int):
             self._vocab = card["vocab_size"]
-        if self._max_context is None and isinstance(card.get("max_model_len"), int):
-            self._max_context = card["max_model_len"]
+        if isinstance(card.get("max_model_len"), int):
+            self._server_max_context = card["max_model_len"]
+        if self._max_context is None:
+            self._max_context = self._server_max_context
 
     async def _wait_until_done(self, feeder: asyncio.Task[None]) -> None:
         deadline = self.s.max_duration_s
@@ -228,10 +259,11 @@ class Replayer:
         k = self.s.token_scale
         segments = [Segment(s.content_id, _scale(s.num_tokens, k)) for s in call.segments]
         prompt = render_tokens(segments, self._vocab, self.s.seed, min_token_id=self.s.min_token_id)
-        max_tokens = _scale(call.num_output_tokens, k)
-        if self._max_context is not None and len(prompt) + max_tokens > self._max_context:
-            max_tokens = min(max_tokens, max(1, self._max_context // 4))
-            prompt = prompt[: self._max_context - max_tokens]
+        num_output = _scale(call.num_output_tokens, k)
+        num_prompt, max_tokens = cut_to_context(len(prompt), num_output, self._max_context)
+        if (num_prompt, max_tokens) != (len(prompt), num_output):
+            self._num_cut += 1
+        prompt = prompt[:num_prompt]
         body: dict[str, Any] = {
             "model": self._model,
             "prompt": prompt,
@@ -321,6 +353,9 @@ class Replayer:
         summary["mean_itl_s"] = float(itl.mean()) if len(itl) else math.nan
         summary["num_errors"] = sum(1 for t in self.traces if t.error is not None)
         summary["url"] = self.s.url
+        summary["max_context_tokens"] = self._max_context
+        summary["server_max_model_len"] = self._server_max_context
+        summary["num_cut_calls"] = self._num_cut
         summary["wall_s"] = end_s
         return summary
 
