@@ -162,6 +162,24 @@ def num_tiny_device_blocks(block_size: int) -> int:
     return build_node_spec(cfg).num_device_blocks
 
 
+def workload_runs(args: argparse.Namespace) -> list[WorkloadRun]:
+    """The workloads the run measures and simulates, with the script's flags applied; the
+    context limit last, since `kv` reads each run's final KV pool."""
+    runs = default_workloads(Path(args.shared_dir), quick=args.quick)
+    if args.agent_num_blocks is not None:
+        runs = [with_agent_blocks(r, args.agent_num_blocks) for r in runs]
+    if args.workloads:
+        runs = [r for r in runs if r.name in args.workloads.split(",")]
+    if args.agent_concurrency is not None:
+        runs = [with_concurrency(r, args.agent_concurrency) for r in runs]
+    if args.kv_allocation is not None:
+        runs = [with_kv_allocation(r, args.kv_allocation) for r in runs]
+    if args.workload_param:
+        params = tuple(tuple(p.split("=", 1)) for p in args.workload_param)
+        runs = [r if r.trace is not None else replace(r, params=params) for r in runs]
+    return [with_max_context(r, args.max_context_tokens) for r in runs]
+
+
 class SideBySide:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -324,19 +342,7 @@ class SideBySide:
         if self.args.probe:
             return self.probe()
         self.out.mkdir(parents=True, exist_ok=True)
-        runs = default_workloads(Path(self.args.shared_dir), quick=self.args.quick)
-        if self.args.agent_num_blocks is not None:
-            runs = [with_agent_blocks(r, self.args.agent_num_blocks) for r in runs]
-        if self.args.workloads:
-            runs = [r for r in runs if r.name in self.args.workloads.split(",")]
-        if self.args.agent_concurrency is not None:
-            runs = [with_concurrency(r, self.args.agent_concurrency) for r in runs]
-        if self.args.kv_allocation is not None:
-            runs = [with_kv_allocation(r, self.args.kv_allocation) for r in runs]
-        runs = [with_max_context(r, self.args.max_context_tokens) for r in runs]
-        if self.args.workload_param:
-            params = tuple(tuple(p.split("=", 1)) for p in self.args.workload_param)
-            runs = [r if r.trace is not None else replace(r, params=params) for r in runs]
+        runs = workload_runs(self.args)
         systems = tuple(self.args.evinfra_systems.split(","))
         deps = default_deployments(self.args.num_nodes, systems)
         if self.args.evinfra_option:

@@ -173,6 +173,78 @@ def test_several_evinfra_bundles_run_as_their_own_deployments() -> None:
     assert run.replay_flags()[-2:] == ["--workload-param", "interactive_share=1"]
 
 
+def _sbs_args(*flags: str) -> Any:
+    import side_by_side
+
+    return side_by_side.parse_args(["--workloads", "coding,mixed,mooncake", *flags])
+
+
+def test_every_systems_replay_is_cut_to_a_nodes_kv_by_default(tmp_path: Path) -> None:
+    """Bug 13: evinfra lists its KV as max_model_len and Dynamo lists none, so the client
+    cut a call for evinfra only. By default every system's replay gets one limit, a
+    node's KV in tokens, and the simulator is given the same cut calls."""
+    import side_by_side
+    from matrix import default_deployments
+
+    runs = side_by_side.workload_runs(_sbs_args("--agent-num-blocks", "1024"))
+    assert {r.name: r.max_context_tokens for r in runs} == {
+        "coding": 16_384, "mixed": 16_384, "mooncake": 16_384 * 16,
+    }  # fmt: skip
+    limits = Limits()
+    for run in runs:
+        sent = set()
+        for dep in default_deployments(2, ("evolving", "evolving-lru")):
+            argv = replay_argv("evinfra", "http://127.0.0.1:1", "m", run, limits, dep.label,
+                               tmp_path, hints=dep.sends_hints)  # fmt: skip
+            sent.add(argv[argv.index("--max-context-tokens") + 1])
+        assert sent == {str(run.shape.kv_capacity_tokens)}
+        sim = side_by_side.sim_argv("evinfra", run, tmp_path / "c.yaml", tmp_path / "o")
+        assert sim[1].endswith("sim_cut.py")
+        assert sim[sim.index("--max-context-tokens") + 1] == str(run.shape.kv_capacity_tokens)
+
+
+def test_the_context_limit_flag_server_or_a_number(tmp_path: Path) -> None:
+    import side_by_side
+
+    runs = side_by_side.workload_runs(_sbs_args("--max-context-tokens", "server"))
+    assert all(r.max_context_tokens is None for r in runs)
+    argv = replay_argv("evinfra", "u", "m", runs[0], Limits(), "x", tmp_path)
+    assert "--max-context-tokens" not in argv
+    assert side_by_side.sim_argv("evinfra", runs[0], tmp_path, tmp_path)[:2] == ["evinfra", "sim"]
+    runs = side_by_side.workload_runs(_sbs_args("--max-context-tokens", "8000"))
+    assert [r.max_context_tokens for r in runs] == [8000, 8000, 8000]
+
+
+@pytest.mark.parametrize("bad", ["0", "1", "kv2", "-4", "1e4"])
+def test_a_bad_context_limit_is_refused_by_name(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        _sbs_args("--max-context-tokens", bad)
+    assert "argument --max-context-tokens" in capsys.readouterr().err
+
+
+def test_the_simulator_cuts_the_call_the_client_cuts(tmp_path: Path) -> None:
+    """The 1,024-block coding cell's 20,516-token first call: over a node's KV the
+    simulator rejects it, as the mocker rejects the whole prompt; cut to the node's KV it
+    is served, as both servers are now sent it."""
+    import side_by_side
+    from sim_cut import run_cut
+
+    run = WorkloadRun("coding", kind="coding", concurrency=16, shape=EngineShape(num_blocks=1024))
+    limits = Limits(duration_s=4.0, drain_s=2.0)
+    cfg = sim_config(Deployment("dynamo-agg"), run, limits,
+                     side_by_side.num_tiny_device_blocks(16))  # fmt: skip
+    path = tmp_path / "agg.yaml"
+    path.write_text(json.dumps(cfg))
+    whole, none_cut = run_cut(str(path), None)
+    assert whole["num_rejected"] >= 1 and none_cut == []
+    cut_summary, cut = run_cut(str(path), 16_384)
+    assert cut_summary["num_rejected"] == 0 and cut_summary["num_cut_calls"] == len(cut) >= 1
+    assert (cut[0].num_prompt_tokens, cut[0].max_output_tokens) == (12_288, 4_096)
+    assert len(cut[0].prompt_hashes) == 12_288 // 16 and cut[0].output_hashes == ()
+
+
 def test_probe_trace_and_excess_arithmetic(tmp_path: Path) -> None:
     trace = ProbeTrace(num_requests=4, interval_ms=500, burst_size=3)
     path = tmp_path / "probe.jsonl"

@@ -86,3 +86,18 @@ def test_replay_cli_writes_summary_and_requests(server: ServerProcess, tmp_path:
     assert set(summary) >= SIM_KEYS and summary["num_requests"] == 5
     rows = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
     assert len(rows) == 5 and all(r["ttft_s"] is not None for r in rows)
+
+
+def test_replay_cuts_every_call_to_its_context_limit(server: ServerProcess) -> None:
+    """`--max-context-tokens` below what the server lists (its KV, 8,192 tokens): every
+    call is sent cut to the limit and served."""
+    workload = make_workload("coding", seed=2, concurrency=2, num_sessions=2)
+    settings = ReplaySettings(url=server.url, max_requests=4, max_duration_s=30.0,
+                              token_scale=0.1, max_context_tokens=300)  # fmt: skip
+    result = run_replay(settings, workload)
+    assert result.summary["server_max_model_len"] == 512 * 16
+    assert result.summary["max_context_tokens"] == 300
+    assert result.summary["num_cut_calls"] >= 1 and result.summary["num_errors"] == 0
+    for t in result.traces:
+        assert t.num_prompt_tokens + t.max_tokens <= 300
+        assert t.num_output_tokens == t.max_tokens
