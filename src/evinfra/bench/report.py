@@ -152,6 +152,38 @@ def findings(results: dict[str, Any]) -> list[str]:
     return out
 
 
+def sweep_findings(results: dict[str, Any]) -> list[str]:
+    """The sweep's points, other than the headline, where a system is behind the baseline
+    on mean e2e or P95 TTFT (the headline's are in `findings`)."""
+    sw = results.get("sweep")
+    if not sw:
+        return []
+    base, floor = results["baseline"], results["floor"]
+    out = []
+    for p in sw["points"]:
+        if p["value"] == sw["headline"]:
+            continue
+        b = (p["systems"].get(base) or {}).get("summary")
+        if b is None:
+            continue
+        for label, block in p["systems"].items():
+            s = block.get("summary")
+            if label in (base, floor) or s is None:
+                continue
+            behind = []
+            for name, key in (("mean e2e", "mean_e2e_s"), ("P95 TTFT", "p95_ttft_s")):
+                mine, theirs = _num(s[key]), _num(b[key])
+                if mine and theirs is not None and theirs / mine < 1:
+                    behind.append(f"{name} {theirs / mine:.2f}x")
+            if behind:
+                out.append(
+                    f"- **`{label}` is behind `{base}` at {sw['field']} = {p['value']:g}**:"
+                    f" {', '.join(behind)} (mean e2e {_fmt(s['mean_e2e_s'])} s against"
+                    f" {_fmt(b['mean_e2e_s'])} s)."
+                )
+    return out
+
+
 def sweep_table(results: dict[str, Any]) -> list[str]:
     sw = results["sweep"]
     labels = list(sw["points"][0]["systems"])
@@ -205,7 +237,7 @@ def render_report(results: dict[str, Any], plot_files: list[str]) -> str:
     if results.get("sweep"):
         head = f" (at {results['sweep']['field']} = {results['sweep']['headline']:g})"
     lines += [f"## Results{head}", "", *main_table(results), ""]
-    notes = findings(results)
+    notes = findings(results) + sweep_findings(results)
     if notes:
         lines += ["## Findings", "", *notes, ""]
     if results.get("sweep"):

@@ -136,3 +136,31 @@ def test_setup_names_the_load_a_run_had() -> None:
         {"config": {**config, "workload": "math", "session_rate": 4.0}, "seeds": [0]}
     )
     assert "load: 4.0 sessions/s" in fixed
+
+
+def test_sweep_findings_name_the_points_where_a_system_is_behind() -> None:
+    from evinfra.bench.report import sweep_findings
+
+    def point(value: float, evolving_e2e: float) -> dict[str, Any]:
+        return {
+            "value": value,
+            "systems": {
+                "evolving": block("evolving", evolving_e2e, 0.1),
+                "dynamo": block("dynamo", 4.54, 0.16),
+            },
+        }
+
+    res = make_results(evolving=block("evolving", 5.0, 0.1), dynamo=block("dynamo", 5.5, 2.4))
+    res["sweep"] = {
+        "field": "session_rate",
+        "headline": 3.0,
+        "values": [1.0, 2.0, 3.0],
+        "points": [point(1.0, 1.78), point(2.0, 4.65), point(3.0, 9.9)],
+    }
+    notes = sweep_findings(res)
+    # the headline point (3) is findings()'s; rate 1 is ahead; rate 2 is behind
+    assert notes == [
+        "- **`evolving` is behind `dynamo` at session_rate = 2**: mean e2e 0.98x"
+        " (mean e2e 4.650 s against 4.540 s)."
+    ]
+    assert sweep_findings(make_results(evolving=block("evolving", 1.0, 0.1))) == []
