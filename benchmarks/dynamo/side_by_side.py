@@ -144,6 +144,14 @@ def sim_argv(evinfra_bin: str, run: WorkloadRun, cfg_path: Path, out: Path) -> l
             "--max-context-tokens", str(run.max_context_tokens), "--out", str(out)]  # fmt: skip
 
 
+def context_note(runs: list[WorkloadRun]) -> str:
+    """The report's line on the context limit the calls were cut to."""
+    cut = ", ".join(f"{r.name} {r.max_context_tokens:,}" for r in runs if r.max_context_tokens)
+    if not cut:
+        return "Calls cut to each server's own listed max_model_len (evinfra: its KV)."
+    return f"Every system's calls (and the simulator's) cut to at most: {cut} tokens."
+
+
 def git_head() -> str:
     try:
         out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
@@ -383,7 +391,8 @@ class SideBySide:
             f"{self.limits.duration_s:.0f} s of load per run, {self.limits.drain_s:.0f} s drain;"
             f" evinfra at {commit}"
             + ("" if commit_end == commit else f" (HEAD moved to {commit_end} during the run)")
-            + "."
+            + ". "
+            + context_note(runs)
         )
         text = markdown(results, header)
         if self.failures:

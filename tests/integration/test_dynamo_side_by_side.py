@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,9 @@ def test_the_context_limit_flag_server_or_a_number(tmp_path: Path) -> None:
     assert side_by_side.sim_argv("evinfra", runs[0], tmp_path, tmp_path)[:2] == ["evinfra", "sim"]
     runs = side_by_side.workload_runs(_sbs_args("--max-context-tokens", "8000"))
     assert [r.max_context_tokens for r in runs] == [8000, 8000, 8000]
+    assert "mixed 8,000" in side_by_side.context_note(runs)
+    assert "own listed" in side_by_side.context_note([replace(r, max_context_tokens=None)
+                                                      for r in runs])  # fmt: skip
 
 
 @pytest.mark.parametrize("bad", ["0", "1", "kv2", "-4", "1e4"])
