@@ -6,6 +6,7 @@ on compact snapshots instead of the frontend's node states."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -28,6 +29,18 @@ from evinfra.serve.ray_runtime.control import (  # noqa: E402
     Ticked,
 )
 from evinfra.serve.view import ClusterState, NodeState  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_ray_session_left() -> Iterator[None]:
+    """A handle's restart path may start Ray implicitly (`ray.kill` on a dead actor): end
+    it with the module, so a later module's own `ray.init` does not find one running."""
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
 
 BLOCK = 16
 NUM_NODES = 4
