@@ -30,23 +30,30 @@ def block(e2e: float, ttft: float, ratio: float | None = None) -> dict[str, Any]
     }
 
 
-def test_rows_and_floor(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def stored(folder: Path, scenario: str, systems: dict[str, Any]) -> dict[str, Any]:
+    """A bench folder's results.json at 3 sessions/s, seed 0, written and returned."""
     results = {
-        "scenario": "ref-x",
+        "scenario": scenario,
         "config": {"session_rate": 3.0},
         "seeds": [0],
         "baseline": "dynamo",
         "floor": "oracle",
         "command": "evinfra bench x.yaml",
-        "systems": {
-            "evolving": block(5.0, 0.2, 2.0),
-            "dynamo": block(10.0, 4.0),
-            "oracle": block(6.0, 0.1),
-            "oracle-split": block(4.0, 0.3),
-        },
+        "systems": systems,
     }
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "results.json").write_text(json.dumps(results))
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps(results))
+    return results
+
+
+def test_rows_and_floor(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    systems = {
+        "evolving": block(5.0, 0.2, 2.0),
+        "dynamo": block(10.0, 4.0),
+        "oracle": block(6.0, 0.1),
+        "oracle-split": block(4.0, 0.3),
+    }
+    stored(tmp_path / "a", "ref-x", systems)
     assert load().main([str(tmp_path / "a"), str(tmp_path / "missing")]) == 0
     out, err = capsys.readouterr()
     line = out.splitlines()[2]
@@ -59,21 +66,12 @@ def test_rows_and_floor(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 def test_plot_draws_every_scenarios_ratios(tmp_path: Path) -> None:
     module = load()
     for name, ratio in (("ref-a", 2.0), ("ref-b", 0.5)):
-        results = {
-            "scenario": name,
-            "config": {"session_rate": 3.0},
-            "seeds": [0],
-            "baseline": "dynamo",
-            "floor": "oracle",
-            "command": "evinfra bench x.yaml",
-            "systems": {
-                "evolving": block(5.0, 0.2, ratio),
-                "aggregated": block(6.0, 0.3, ratio / 2),
-                "dynamo": block(10.0, 4.0),
-            },
+        systems = {
+            "evolving": block(5.0, 0.2, ratio),
+            "aggregated": block(6.0, 0.3, ratio / 2),
+            "dynamo": block(10.0, 4.0),
         }
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "results.json").write_text(json.dumps(results))
+        results = stored(tmp_path / name, name, systems)
         # the baseline has no bar; each other shown system its ratio
         assert module.ratios(results, "p95_ttft_s") == {"evolving": ratio, "aggregated": ratio / 2}
         assert module.scenario_label(results) == f"{name.removeprefix('ref-')} @ 3/s"
