@@ -19,8 +19,8 @@ from typing import Any
 from evinfra.core.types import Request
 from evinfra.serve.replay import MIN_CONTEXT_TOKENS, cut_to_context
 from evinfra.sim.config import load_config
-from evinfra.sim.metrics import summarize
-from evinfra.sim.runner import build_simulation
+from evinfra.sim.runner import run_sim
+from evinfra.sim.simulation import Simulation
 
 
 def cut_like_replay(
@@ -49,18 +49,16 @@ def cut_like_replay(
 def run_cut(
     config: str, max_context_tokens: int | None, overrides: dict[str, Any] | None = None
 ) -> tuple[dict[str, Any], list[Request]]:
-    """The simulation's summary (as `evinfra sim`'s) and the requests it cut."""
+    """The simulation's summary (`evinfra sim`'s) and the requests it cut."""
     cfg = load_config(config, overrides or {})
-    sim, _ = build_simulation(cfg)
     cut: list[Request] = []
-    if max_context_tokens is not None:
-        sim.make_request = cut_like_replay(sim.make_request, max_context_tokens,
-                                           cfg.block_size, cut)  # fmt: skip
-    metrics = sim.run()
-    summary: dict[str, Any] = {"system": cfg.system}
-    summary.update(
-        summarize(metrics, warmup_s=cfg.warmup_s, end_s=cfg.duration_s, num_gpus=cfg.num_gpus)
-    )
+
+    def prepare(sim: Simulation) -> None:
+        if max_context_tokens is not None:
+            sim.make_request = cut_like_replay(sim.make_request, max_context_tokens,
+                                               cfg.block_size, cut)  # fmt: skip
+
+    summary = dict(run_sim(cfg, prepare=prepare).summary)
     summary["max_context_tokens"] = max_context_tokens
     summary["num_cut_calls"] = len(cut)
     return summary, cut

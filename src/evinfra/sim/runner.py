@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,9 +169,17 @@ def build_simulation(
     return sim, spec
 
 
-def run_sim(cfg: SimConfig, progress: Progress | None = None) -> SimResult:
+def run_sim(
+    cfg: SimConfig,
+    progress: Progress | None = None,
+    prepare: Callable[[Simulation], None] | None = None,
+) -> SimResult:
+    """Build and run the simulation of `cfg`; `prepare` may adjust it before it runs (a
+    benchmark wrapping how requests are made, for example)."""
     start = time.perf_counter()
     sim, spec = build_simulation(cfg, progress)
+    if prepare is not None:
+        prepare(sim)
     metrics = sim.run()
     wall_s = time.perf_counter() - start
     summary: dict[str, Any] = {"system": cfg.system}
