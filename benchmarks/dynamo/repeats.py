@@ -35,13 +35,10 @@ def fmt(s: tuple[float, float, float] | None, unit: str = "") -> str:
     return f"{mid:.2f}{unit} ({lo:.2f}-{hi:.2f})"
 
 
-def ratios(runs: Sequence[Mapping[str, Any]], workload: str, label: str, metric: str) -> Any:
-    return spread([r["results"][workload]["ratio_to_evinfra"].get(label, {}).get(metric)
-                   for r in runs if workload in r["results"]])  # fmt: skip
-
-
 def values(runs: Sequence[Mapping[str, Any]], workload: str, label: str, metric: str,
            kind: str) -> Any:  # fmt: skip
+    """The spread of one system's `metric` over the repeats, from each run's `kind` table
+    ("measured", "simulated", or "ratio_to_evinfra")."""
     return spread([r["results"][workload][kind].get(label, {}).get(metric)
                    for r in runs if workload in r["results"]])  # fmt: skip
 
@@ -54,7 +51,7 @@ def markdown(runs: Sequence[Mapping[str, Any]]) -> str:
     for w in workloads:
         for m in METRICS:
             base = values(runs, w, BASELINE, m, "measured")
-            cells = [fmt(ratios(runs, w, o, m), "x") for o in OTHERS]
+            cells = [fmt(values(runs, w, o, m, "ratio_to_evinfra"), "x") for o in OTHERS]
             lines.append(f"| {w} | {m} | {fmt(base, ' s')} | {' | '.join(cells)} |")
     lines += ["", "| workload | system | mean e2e meas (s) | sim | P95 TTFT meas (s) | sim "
               "| errors | calls cut |", "|---|---|---:|---:|---:|---:|---|---|"]  # fmt: skip
