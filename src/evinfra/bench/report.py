@@ -170,11 +170,12 @@ def sweep_findings(results: dict[str, Any]) -> list[str]:
             s = block.get("summary")
             if label in (base, floor) or s is None:
                 continue
-            behind = []
-            for name, key in (("mean e2e", "mean_e2e_s"), ("P95 TTFT", "p95_ttft_s")):
-                mine, theirs = _num(s[key]), _num(b[key])
-                if mine and theirs is not None and theirs / mine < 1:
-                    behind.append(f"{name} {theirs / mine:.2f}x")
+            r = block["ratio_vs_dynamo"]  # the point's own ratios (`add_ratios`)
+            behind = [
+                f"{name} {v:.2f}x"
+                for name, key in (("mean e2e", "mean_e2e_s"), ("P95 TTFT", "p95_ttft_s"))
+                if (v := _num(r[key])) is not None and v < 1
+            ]
             if behind:
                 out.append(
                     f"- **`{label}` is behind `{base}` at {sw['field']} = {p['value']:g}**:"

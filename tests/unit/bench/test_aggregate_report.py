@@ -142,13 +142,12 @@ def test_sweep_findings_name_the_points_where_a_system_is_behind() -> None:
     from evinfra.bench.report import sweep_findings
 
     def point(value: float, evolving_e2e: float) -> dict[str, Any]:
-        return {
-            "value": value,
-            "systems": {
-                "evolving": block("evolving", evolving_e2e, 0.1),
-                "dynamo": block("dynamo", 4.54, 0.16),
-            },
+        systems = {
+            "evolving": block("evolving", evolving_e2e, 0.1),
+            "dynamo": block("dynamo", 4.54, 0.16),
         }
+        add_ratios(systems, "dynamo", "oracle")  # as the bench does for each point
+        return {"value": value, "systems": systems}
 
     res = make_results(evolving=block("evolving", 5.0, 0.1), dynamo=block("dynamo", 5.5, 2.4))
     res["sweep"] = {
