@@ -407,6 +407,8 @@ class SideBySide:
 
 def context_limit(text: str) -> str:
     """`kv`, `server` or a whole number of tokens (at least 2), else a usage error."""
+    from evinfra.serve.replay import check_max_context_tokens
+
     if text in ("kv", "server"):
         return text
     try:
@@ -415,8 +417,10 @@ def context_limit(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"`kv`, `server` or a number of tokens, not {text!r}"
         ) from None
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"must be at least 2 tokens, got {value}")
+    try:
+        check_max_context_tokens(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     return text
 
 

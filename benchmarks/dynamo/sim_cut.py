@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from evinfra.core.types import Request
-from evinfra.serve.replay import MIN_CONTEXT_TOKENS, cut_to_context
+from evinfra.serve.replay import check_max_context_tokens, cut_to_context
 from evinfra.sim.config import load_config
 from evinfra.sim.runner import run_sim
 from evinfra.sim.simulation import Simulation
@@ -70,8 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-context-tokens", type=int, required=True)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    if args.max_context_tokens < MIN_CONTEXT_TOKENS:
-        p.error(f"argument --max-context-tokens: must be at least {MIN_CONTEXT_TOKENS}")
+    try:
+        check_max_context_tokens(args.max_context_tokens)
+    except ValueError as err:
+        p.error(f"argument --max-context-tokens: {err}")
     summary, cut = run_cut(args.config, args.max_context_tokens)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

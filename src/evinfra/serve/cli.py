@@ -194,18 +194,16 @@ def _add_replay_flags(p: argparse.ArgumentParser, with_seed: bool = True) -> Non
 
 
 def _context_tokens(text: str) -> int:
-    from evinfra.serve.replay import MIN_CONTEXT_TOKENS
+    from evinfra.serve.replay import check_max_context_tokens
 
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number of tokens: {text!r}") from None
-    if value < MIN_CONTEXT_TOKENS:
-        raise argparse.ArgumentTypeError(
-            f"must be at least {MIN_CONTEXT_TOKENS} (a prompt token and an output token),"
-            f" got {value}"
-        )
-    return value
+    try:
+        return check_max_context_tokens(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_replay_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -61,14 +61,22 @@ class ReplaySettings:
     label: str | None = None
 
     def __post_init__(self) -> None:
-        if self.max_context_tokens is not None and self.max_context_tokens < MIN_CONTEXT_TOKENS:
-            raise ValueError(
-                f"max_context_tokens must be at least {MIN_CONTEXT_TOKENS} (a prompt token and"
-                f" an output token), got {self.max_context_tokens}"
-            )
+        if self.max_context_tokens is not None:
+            check_max_context_tokens(self.max_context_tokens)
 
 
 MIN_CONTEXT_TOKENS = 2
+
+
+def check_max_context_tokens(value: int) -> int:
+    """`value` as a context limit, or ValueError: a cut call keeps a prompt token and an
+    output token."""
+    if value < MIN_CONTEXT_TOKENS:
+        raise ValueError(
+            f"max_context_tokens must be at least {MIN_CONTEXT_TOKENS} (a prompt token and an"
+            f" output token), got {value}"
+        )
+    return value
 
 
 def cut_to_context(
