@@ -33,6 +33,7 @@ OPTIONS = (
     "migrate_on_switch",
     "mixed_below_utilisation",
     "split_hysteresis",
+    "mixed_by_latency",
     "tier_messages",
 )
 
@@ -57,7 +58,13 @@ def monotone_decode(rates: NodeRates) -> NodeRates:
     for b, t in rates.decode_step_s_at:
         worst = max(worst, t)
         points.append((b, worst))
-    return replace(rates, decode_step_s_at=tuple(points))
+    fixed = replace(rates, decode_step_s_at=tuple(points))
+    # a step carrying a chunk as well never takes less than the decode step alone
+    mixed, worst = [], 0.0
+    for b, t in rates.mixed_step_s_at:
+        worst = max(worst, t, fixed.decode_step_s(b))
+        mixed.append((b, worst))
+    return replace(fixed, mixed_step_s_at=tuple(mixed))
 
 
 def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str) -> SystemBundle:
@@ -80,6 +87,7 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
                     options, "mixed_below_utilisation", 0.5, min_value=0.0
                 ),
                 split_hysteresis=get_float(options, "split_hysteresis", 0.05, min_value=0.0),
+                mixed_by_latency=get_bool(options, "mixed_by_latency", True),
                 switch_mode=mode,
             ),
         )

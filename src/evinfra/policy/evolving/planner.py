@@ -22,6 +22,7 @@ from evinfra.policy.base import (
     PlannerObservation,
     RequestFinished,
 )
+from evinfra.policy.evolving.latency import ObservedLoad, mixed_call_s, split_call_s
 from evinfra.policy.evolving.rates import NodeRates
 from evinfra.policy.evolving.sessions import SessionTable
 
@@ -41,7 +42,11 @@ class PlannerConfig:
     max_switches_per_tick: int = 4
     use_forecast: bool = True
     mixed_below_utilisation: float = 0.5
-    """Below this share of the cluster's capacity in use, every node is mixed."""
+    """Below this share of the cluster's capacity in use, every node is mixed; 0: never
+    mixed by load."""
+    mixed_by_latency: bool = True
+    """Past that share, every node stays mixed while mixing is predicted faster than the
+    split (`latency.py`); within `split_hysteresis` the configuration in force is kept."""
     split_hysteresis: float = 0.05
     """A split keeps its prefill count while the busier pool's load is within this
     fraction of the best count's, so demand near a boundary does not flip a node."""
@@ -54,8 +59,8 @@ class EvolvingPlanner:
     rates: NodeRates
     block_size: int
     config: PlannerConfig = field(default_factory=PlannerConfig)
-    _finished: deque[tuple[float, int, int]] = field(default_factory=deque)
-    """(time, uncached prompt tokens, output tokens) of recent finishes."""
+    _finished: deque[tuple[float, int, int, int]] = field(default_factory=deque)
+    """(time, uncached prompt tokens, output tokens, prompt tokens) of recent finishes."""
     _last_switch_s: dict[int, float] = field(default_factory=dict)
     _pending_target: tuple[int, int, int] | None = None
     _split: bool = True
@@ -67,6 +72,8 @@ class EvolvingPlanner:
     """(time, prefill nodes wanted, decode nodes wanted), for plots."""
     _need_d_kv: float = 0.0
     """Decode nodes the running decodes' KV fills, from the last `demand`."""
+    _load: ObservedLoad | None = None
+    """The load the last `demand` saw, for the latency comparison."""
 
     @property
     def interval_s(self) -> float:
@@ -76,19 +83,29 @@ class EvolvingPlanner:
         if isinstance(observation, RequestFinished):
             req = observation.request
             uncached = max(req.num_prompt_tokens - observation.num_cached_prompt_tokens, 0)
-            self._finished.append((observation.now_s, uncached, req.max_output_tokens))
+            self._finished.append(
+                (observation.now_s, uncached, req.max_output_tokens, req.num_prompt_tokens)
+            )
 
     def _observed(self, now_s: float, span_s: float) -> tuple[float, float]:
         """Uncached prompt and output tokens per second over the last `span_s`."""
+        pre, out, _, _ = self._observed_calls(now_s, span_s)
+        return pre, out
+
+    def _observed_calls(self, now_s: float, span_s: float) -> tuple[float, float, float, float]:
+        """Uncached prompt tokens, output tokens, calls and prompt tokens per second over
+        the last `span_s`."""
         while self._finished and self._finished[0][0] < now_s - self.config.window_s:
             self._finished.popleft()
-        pre = out = 0
-        for t, u, o in self._finished:
+        pre = out = calls = prompt = 0
+        for t, u, o, n in self._finished:
             if t >= now_s - span_s:
                 pre += u
                 out += o
+                calls += 1
+                prompt += n
         span = max(min(span_s, now_s), 1e-9)
-        return pre / span, out / span
+        return pre / span, out / span, calls / span, prompt / span
 
     def _forecast_prefill_tok_s(self, now_s: float) -> float:
         horizon = self.config.horizon_s
@@ -102,7 +119,7 @@ class EvolvingPlanner:
     def demand(self, view: ClusterView, now_s: float) -> tuple[float, float]:
         """(prefill nodes, decode nodes) the current and coming work needs."""
         cfg, rates = self.config, self.rates
-        pre_obs, out_obs = self._observed(now_s, cfg.window_s)
+        pre_obs, out_obs, calls_s, prompt_tok_s = self._observed_calls(now_s, cfg.window_s)
         pre = pre_obs
         if cfg.use_forecast:
             pre = max(pre, self._forecast_prefill_tok_s(now_s))
@@ -111,6 +128,10 @@ class EvolvingPlanner:
         queued = sum(n.num_waiting_prefill_tokens for n in nodes)
         # a backlog must drain within the horizon too
         pre += queued / cfg.horizon_s
+        self._load = None
+        if calls_s > 0:
+            blocks = prompt_tok_s / calls_s / self.block_size
+            self._load = ObservedLoad(pre, out_obs, calls_s, blocks)
         need_p = pre / (rates.prefill_tok_s * cfg.prefill_utilisation)
         need_d_tok = out_obs / rates.decode_tok_s_at_itl(cfg.itl_target_s)
         decode_blocks = sum(n.num_decode_blocks for n in nodes)
@@ -180,8 +201,27 @@ class EvolvingPlanner:
             # together (hand-offs would queue for KV room)
             self._split = False
             return 0, 0, num_nodes
+        if mixing and self._mixing_is_faster(p, num_nodes, current_p is not None):
+            self._split = False
+            return 0, 0, num_nodes
         self._split = True
         return p, num_nodes - p, 0
+
+    def _mixing_is_faster(self, num_prefill: int, num_nodes: int, split_now: bool) -> bool:
+        """Every node mixed is predicted to serve a call sooner than the split with
+        `num_prefill` prefill nodes; the configuration in force (`split_now`: a split)
+        wins within `split_hysteresis`."""
+        load = self._load
+        if not self.config.mixed_by_latency or load is None:
+            return False
+        mixed = mixed_call_s(self.rates, load, num_nodes)
+        if not math.isfinite(mixed):
+            return False
+        split = split_call_s(self.rates, load, num_prefill, num_nodes - num_prefill)
+        band = self.config.split_hysteresis
+        if split_now:
+            return mixed < split * (1 - band)
+        return mixed <= split * (1 + band)
 
     def plan(self, view: ClusterView, now_s: float) -> list[RoleChange]:
         if self.config.switch_mode is SwitchMode.RESTART and not all(
