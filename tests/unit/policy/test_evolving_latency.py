@@ -1,0 +1,132 @@
+"""The planner's latency comparison of every node mixed against a split: hand-computed
+predictions, overload as infinity, the rates' mixed steps from the cost model, and the
+planner keeping nodes mixed past the utilisation threshold where mixing is faster."""
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from evinfra.core.types import Role
+from evinfra.costmodel.base import BatchShape
+from evinfra.policy.bundle import ClusterShape
+from evinfra.policy.evolving.bundle import monotone_decode
+from evinfra.policy.evolving.latency import ObservedLoad, mixed_call_s, split_call_s
+from evinfra.policy.evolving.planner import EvolvingPlanner, PlannerConfig
+from evinfra.policy.evolving.rates import node_rates
+from evinfra.policy.evolving.sessions import SessionTable
+from tests.unit.policy.dynamo_fakes import FakeNode, cluster
+from tests.unit.policy.test_evolving_router_planner import RATES, finished
+
+# compute bound like a large MoE: a 512-token chunk takes 51.2 ms and a step that also
+# carries decodes barely more, while a decode-only step takes 10 to 50 ms
+MOE = replace(RATES, chunk_tokens=512, mixed_step_s_at=((1, 0.052), (64, 0.055), (256, 0.07)))
+LOAD = ObservedLoad(
+    prefill_tok_s=2000.0, output_tok_s=400.0, calls_s=2.0, prompt_blocks_per_call=100
+)
+
+
+def test_split_prediction_by_hand() -> None:
+    # prefill: 1,000 tokens at 10,000/s, at utilisation 0.2, then 100 blocks over the link
+    ttft = 0.1 / 0.8 + (1e-3 + 100 * 16_000 / 1e9)
+    # decode: R = 400 tok/s x step(R) settles at R = 4.19, step(4) = 0.01 + 0.01 * 3 / 63
+    tpot = 0.01 + 0.01 * 3 / 63
+    assert split_call_s(MOE, LOAD, 1, 1) == pytest.approx(ttft + 200 * tpot, rel=1e-9)
+
+
+def test_mixed_prediction_by_hand() -> None:
+    # two nodes, 1,000 prefill tokens/s each; 2 decodes a node at the fixed point
+    step = 0.01 + 0.01 / 63
+    mixed_step = 0.052 + 0.003 / 63
+    chunks_s = 1000 / 510
+    steps_s = (1 - chunks_s * (mixed_step - step)) / step
+    share = chunks_s / steps_s
+    ttft = 1000 / 510 * mixed_step / (1 - share)
+    expected = ttft + 200 / steps_s
+    assert mixed_call_s(MOE, LOAD, 2) == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_load_a_configuration_cannot_carry_predicts_infinity() -> None:
+    heavy_prefill = replace(LOAD, prefill_tok_s=25_000.0, calls_s=25.0)
+    assert split_call_s(MOE, heavy_prefill, 2, 2) == math.inf  # 20,000 tok/s of prefill
+    assert math.isfinite(split_call_s(MOE, heavy_prefill, 3, 1))
+    # a mixed step carries 511 prefill tokens in 52 ms: 4 nodes take 39,000 tok/s
+    assert math.isfinite(mixed_call_s(MOE, heavy_prefill, 4))
+    assert mixed_call_s(MOE, replace(LOAD, prefill_tok_s=45_000.0), 4) == math.inf
+    # 256 decodes a node at most: 30,000 output tok/s at 50 ms steps needs 1,500
+    heavy_decode = replace(LOAD, output_tok_s=30_000.0)
+    assert split_call_s(MOE, heavy_decode, 1, 3) == math.inf
+    assert mixed_call_s(MOE, heavy_decode, 4) == math.inf
+    assert split_call_s(MOE, LOAD, 0, 4) == math.inf
+
+
+class _BentCost:
+    """Prefill at 10,000 tok/s overlapping a decode step that bends back past 8 sequences
+    (as a polynomial fitted on a range does)."""
+
+    kv_capacity_tokens = 1 << 20
+    kv_bytes_per_token = 1000
+
+    def step_time_s(self, batch: BatchShape) -> float:
+        b = batch.num_decode_seqs
+        decode = 0.01 * b if b <= 8 else 0.001
+        return max(batch.num_prefill_tokens * 1e-4, decode)
+
+    def decode_run_time_s(self, num_seqs: int, ctx: int, kv: int, num_steps: int) -> float:
+        return num_steps * self.step_time_s(BatchShape((), num_seqs, ctx, kv))
+
+
+def test_rates_probe_mixed_steps_and_monotone_keeps_them_above_decode() -> None:
+    shape = ClusterShape(2, 16, 1024, 0, 1000, 256, 64, cost_model=_BentCost())
+    rates = node_rates(shape)
+    assert rates.chunk_tokens == 256
+    # the chunk (the budget less the decodes) or the decode step, whichever is longer
+    raw = ((1, 0.0255), (2, 0.0254), (4, 0.04), (8, 0.08), (16, 0.024), (32, 0.0224), (64, 0.0192))
+    assert [b for b, _ in rates.mixed_step_s_at] == [b for b, _ in raw]
+    assert [t for _, t in rates.mixed_step_s_at] == pytest.approx([t for _, t in raw])
+    fixed = monotone_decode(rates)
+    for b, t in fixed.mixed_step_s_at:
+        assert t >= fixed.decode_step_s(b)
+    times = [t for _, t in fixed.mixed_step_s_at]
+    assert times == sorted(times)
+
+
+def _planner(mixed_by_latency: bool) -> EvolvingPlanner:
+    cfg = PlannerConfig(min_dwell_s=0.0, mixed_by_latency=mixed_by_latency)
+    return EvolvingPlanner(SessionTable(), MOE, 16, cfg)
+
+
+def _plan_twice(p: EvolvingPlanner, uncached: int, out: int, roles: list[Role]) -> list[Role]:
+    """Ten calls a second for 30 s, then two plans (a target must hold twice)."""
+    for t in range(30):
+        for j in range(10):
+            p.observe(finished(t + j / 10, prompt=uncached + 100, cached_tokens=100, out=out))
+    view = cluster(*(FakeNode(i, role) for i, role in enumerate(roles)))
+    p.plan(view, 30.0)
+    return sorted((c.new_role for c in p.plan(view, 30.5)), key=lambda r: r.value)
+
+
+def test_planner_stays_mixed_past_the_threshold_where_mixing_is_faster() -> None:
+    # 30,000 prefill tokens/s on 4 nodes: the split's 3 prefill nodes would run at
+    # utilisation 1, while mixed steps carry the decodes almost for free
+    mixed = [Role.MIXED] * 4
+    by_load = _plan_twice(_planner(False), 3000, 200, mixed)
+    assert by_load == [Role.DECODE, Role.PREFILL, Role.PREFILL, Role.PREFILL]
+    p = _planner(True)
+    assert _plan_twice(p, 3000, 200, mixed) == []
+    load = p._load
+    assert load is not None and mixed_call_s(MOE, load, 4) < split_call_s(MOE, load, 3, 1)
+
+
+def test_planner_splits_where_the_split_is_predicted_faster() -> None:
+    # 20,000 prefill tokens/s and 200-token outputs on 4 nodes: chunks on every node would
+    # stall every decode, while 3 prefill nodes run at utilisation 0.67; a split in force
+    # stays and a mixed start splits, as the utilisation rule alone would
+    split = [Role.PREFILL] * 3 + [Role.DECODE]
+    p = _planner(True)
+    assert _plan_twice(p, 2000, 200, split) == []
+    load = p._load
+    assert load is not None
+    assert split_call_s(MOE, load, 3, 1) < 0.9 * mixed_call_s(MOE, load, 4)
+    from_mixed = _plan_twice(_planner(True), 2000, 200, [Role.MIXED] * 4)
+    assert from_mixed == [Role.DECODE, Role.PREFILL, Role.PREFILL, Role.PREFILL]
