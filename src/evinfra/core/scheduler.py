@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from evinfra.core.allocation import Allocation
 from evinfra.core.blocks import num_blocks_for
+from evinfra.core.decode_batch import DecodeBatch
 from evinfra.core.kv_pool import KVPool, PrefixMatch
 from evinfra.core.sequence import SeqPhase, Sequence
 from evinfra.core.types import Request, Role
@@ -51,6 +52,8 @@ class StepPlan:
     num_onboarded_blocks: int
     """Blocks brought from the host tier for sequences admitted in this step."""
     preempted: tuple[Sequence, ...] = ()
+    num_decode_context_tokens: int | None = None
+    """Sum of num_computed_tokens + 1 over `decodes` when planned (None: not given)."""
 
     @property
     def num_tokens(self) -> int:
@@ -79,6 +82,15 @@ class NodeScheduler:
         self.waiting: deque[Sequence] = deque()
         self.prefilling: list[Sequence] = []
         self.running: list[Sequence] = []
+        """Decoding sequences, in the order they joined (the decode order)."""
+        self._decode = DecodeBatch(config.block_size)
+        """The running sequences on the decode clock: all but `_to_join`."""
+        self._to_join: list[Sequence] = []
+        """Running sequences that joined since the last plan: the step in flight does not
+        advance them; they join the clock when the next step is planned."""
+        self._skipped: list[Sequence] = []
+        """Sequences on the clock that the planned step does not decode."""
+        self._num_joined = 0
         self.handoff: dict[int, Sequence] = {}
         self.incoming: dict[int, Sequence] = {}
         self._admit_counter = 0
@@ -126,7 +138,9 @@ class NodeScheduler:
 
     @property
     def num_decode_context_tokens(self) -> int:
-        return sum(s.num_computed_tokens + 1 for s in self.running)
+        return self._decode.num_context_tokens() + sum(
+            s.num_computed_tokens + 1 for s in self._to_join
+        )
 
     def match_prefix(self, hashes: Seq[int]) -> PrefixMatch:
         return self.pool.match_prefix(hashes)
@@ -204,22 +218,9 @@ class NodeScheduler:
         queued here runs here, so a role switch never strands work."""
         cfg = self.config
         budget = cfg.max_num_batched_tokens
-        decodes: list[Sequence] = []
         preempted: list[Sequence] = []
-        bs = self.block_size
-        max_decodes = min(cfg.max_num_seqs, budget)
         decoding = SeqPhase.DECODING
-        for seq in list(self.running):
-            if len(decodes) >= max_decodes:
-                break
-            if seq.phase is not decoding:
-                continue  # preempted while making room for an earlier one
-            # only a sequence whose next token starts a block needs one
-            if seq.num_computed_tokens + 1 > len(seq.block_ids) * bs and not self._ensure_blocks(
-                seq, seq.num_computed_tokens + 1, preempted
-            ):
-                continue
-            decodes.append(seq)
+        decodes = self._plan_decodes(min(cfg.max_num_seqs, budget), preempted)
         budget -= len(decodes)
         if preempted:
             decodes = [s for s in decodes if s.phase is decoding]
@@ -259,7 +260,55 @@ class NodeScheduler:
             budget -= self._add_chunk(seq, take, chunks)
         if not chunks and not decodes:
             return None if not preempted else StepPlan((), (), 0, tuple(preempted))
-        return StepPlan(tuple(chunks), tuple(decodes), onboarded, tuple(preempted))
+        batch = self._decode
+        if len(decodes) == len(batch):
+            self._skipped = []
+            context = batch.num_context_tokens()
+        else:
+            planned = set(decodes)
+            self._skipped = [s for s in self.running if s not in planned]
+            context = sum(s.num_computed_tokens + 1 for s in decodes)
+        return StepPlan(tuple(chunks), tuple(decodes), onboarded, tuple(preempted), context)
+
+    def _plan_decodes(self, max_decodes: int, preempted: list[Sequence]) -> list[Sequence]:
+        """The running sequences this step decodes, in order: all of them but those
+        whose next token needs a block none can be found for (they wait a step). Only
+        those whose next token starts a block are looked at, unless the batch is over
+        `max_decodes` (then the first `max_decodes` that can run)."""
+        batch = self._decode
+        for seq in self._to_join:
+            batch.join(seq)
+        self._to_join = []
+        self._skipped = []
+        due = batch.take_needing(batch.clock.steps)
+        decoding = SeqPhase.DECODING
+        if len(self.running) <= max_decodes:
+            waiting: set[Sequence] = set()
+            for seq in due:
+                if seq.phase is decoding and not self._ensure_blocks(
+                    seq, seq.num_computed_tokens + 1, preempted
+                ):
+                    waiting.add(seq)
+            decodes = [s for s in self.running if s not in waiting] if waiting else self.running
+            decodes = list(decodes)
+        else:
+            bs = self.block_size
+            decodes = []
+            for seq in list(self.running):
+                if len(decodes) >= max_decodes:
+                    break
+                if seq.phase is not decoding:
+                    continue  # preempted while making room for an earlier one
+                # only a sequence whose next token starts a block needs one
+                if seq.num_computed_tokens + 1 > len(
+                    seq.block_ids
+                ) * bs and not self._ensure_blocks(seq, seq.num_computed_tokens + 1, preempted):
+                    continue
+                decodes.append(seq)
+        for seq in due:
+            if seq in batch:
+                batch.track_need(seq)
+        return decodes
 
     def _chunk_tokens(self, remaining: int, budget: int) -> int:
         take = min(remaining, budget)
@@ -306,17 +355,16 @@ class NodeScheduler:
         one whose prefill is under way: keep its full blocks cached, free them, requeue it
         at the front; it will re-prefill here (a decode continues here, a prefill's decode
         stays where the router put it)."""
-        was_prefilling = seq.phase is SeqPhase.PREFILLING
+        if seq.phase is SeqPhase.PREFILLING:
+            self.prefilling.remove(seq)
+        else:
+            seq.decode_here = True
+            self._remove_running(seq)  # off the decode clock before its counters reset
         self._release(seq)
         seq.num_computed_tokens = 0
         seq.phase = SeqPhase.WAITING
         seq.num_preemptions += 1
         seq.pending_prefill_tokens = seq.num_tokens
-        if was_prefilling:
-            self.prefilling.remove(seq)
-        else:
-            seq.decode_here = True
-            self.running.remove(seq)
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
@@ -351,33 +399,60 @@ class NodeScheduler:
                 self.prefilling.remove(seq)
                 seq.num_generated += 1
                 out.prefilled.append(seq)
-                self._after_sample(seq, stopped, out, prefill=True)
-        for seq in plan.decodes:
-            seq.num_computed_tokens += 1
-            seq.num_generated += 1
-            self._after_sample(seq, stopped, out, prefill=False)
+                self._after_prefill(seq, stopped, out)
+        if plan.decodes:
+            self._advance_decodes(plan.decodes, 1, stopped, out)
         return out
 
-    def _after_sample(
-        self, seq: Sequence, stopped: frozenset[int], out: StepOutcome, prefill: bool
+    def _advance_decodes(
+        self, decodes: Seq[Sequence], num_steps: int, stopped: frozenset[int], out: StepOutcome
     ) -> None:
-        if seq.is_done or seq.seq_id in stopped:
-            self._finish(seq, was_running=not prefill)
+        """`decodes` (the planned step's) each decoded `num_steps` tokens: move the clock,
+        hold back the sequences on it that the plan left out, finish those done."""
+        batch = self._decode
+        batch.advance(num_steps)
+        for seq in self._skipped:
+            if seq in batch:
+                batch.hold(seq, num_steps)
+        self._skipped = []
+        done = batch.take_finished()
+        if stopped:
+            done = [s for s in decodes if s in batch and (s.is_done or s.seq_id in stopped)]
+        for seq in done:
+            self._finish(seq, was_running=True)
             out.finished.append(seq)
-        elif prefill and not seq.decode_here:
+
+    def _after_prefill(self, seq: Sequence, stopped: frozenset[int], out: StepOutcome) -> None:
+        if seq.is_done or seq.seq_id in stopped:
+            self._finish(seq, was_running=False)
+            out.finished.append(seq)
+        elif not seq.decode_here:
             self._commit_computed(seq)
             seq.phase = SeqPhase.HANDOFF
             self.handoff[seq.seq_id] = seq
             out.handoffs.append(seq)
-        elif prefill:
+        else:
             seq.phase = SeqPhase.DECODING
-            self.running.append(seq)
+            self._add_running(seq)
+
+    def _add_running(self, seq: Sequence) -> None:
+        self._num_joined += 1
+        seq.run_pos = self._num_joined
+        self.running.append(seq)
+        self._to_join.append(seq)
+
+    def _remove_running(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        if seq in self._decode:
+            self._decode.leave(seq)
+        else:
+            self._to_join.remove(seq)
 
     def _finish(self, seq: Sequence, was_running: bool) -> None:
+        if was_running:
+            self._remove_running(seq)
         self._release(seq)
         seq.phase = SeqPhase.FINISHED
-        if was_running:
-            self.running.remove(seq)
 
     def max_decode_run_steps(self) -> int:
         """Steps a pure-decode batch can run with no scheduling decision changing: until
@@ -387,17 +462,29 @@ class NodeScheduler:
             return 0
         if len(self.running) > min(self.config.max_num_seqs, self.config.max_num_batched_tokens):
             return 0
-        k = min(s.num_remaining_outputs for s in self.running)
+        batch = self._decode
+        remaining = [s.num_remaining_outputs for s in self._to_join]
+        on_clock = batch.min_remaining_outputs()
+        if on_clock is not None:
+            remaining.append(on_clock)
+        k = min(remaining)
         if k <= 0:
             return 0
         bs = self.block_size
+        # tokens each sequence can still decode into its blocks; a run of `steps` needs
+        # ceil((steps - room) / bs) more blocks for every room below `steps`
+        rooms = batch.rooms()
+        rooms += [len(s.block_ids) * bs - s.num_computed_tokens for s in self._to_join]
+        rooms.sort()
         free = self.pool.num_free_blocks
 
         def extra(steps: int) -> int:
-            return sum(
-                max(0, num_blocks_for(s.num_computed_tokens + steps, bs) - len(s.block_ids))
-                for s in self.running
-            )
+            total = 0
+            for room in rooms:
+                if room >= steps:
+                    break
+                total += (steps - room + bs - 1) // bs
+            return total
 
         if extra(k) <= free:
             return k
@@ -412,36 +499,60 @@ class NodeScheduler:
 
     def reserve_decode_run(self, seqs: Seq[Sequence], num_steps: int) -> None:
         """Allocate now every block a decode run of `num_steps` over `seqs` (the plan's
-        decodes) will need, so that work arriving during the run cannot take them."""
+        decodes: every running sequence) will need, so that work arriving during the run
+        cannot take them. Only the sequences that cross a block boundary are touched."""
+        self._check_run(seqs)
+        batch = self._decode
         bs = self.block_size
-        for seq in seqs:
-            need = seq.num_blocks_needed(seq.num_computed_tokens + num_steps, bs)
-            if need:
+        due = batch.take_needing(batch.clock.steps + num_steps - 1)
+        try:
+            for seq in due:
+                need = seq.num_blocks_needed(seq.num_computed_tokens + num_steps, bs)
                 ids = self.pool.try_allocate(need)
                 if ids is None:
                     raise ValueError(f"decode run of {num_steps} steps exceeds free KV")
                 seq.block_ids.extend(ids)
+        finally:
+            for seq in due:
+                batch.track_need(seq)
 
     def apply_decode_run(self, seqs: Seq[Sequence], num_steps: int) -> StepOutcome:
-        """Advance `seqs` (the decodes of the plan that started the run; work that joined
-        during it waits for the next step) by `num_steps` decode steps at once."""
-        out = StepOutcome()
+        """Advance `seqs` (the decodes of the plan that started the run: every sequence on
+        the decode clock; work that joined during it waits for the next step) by
+        `num_steps` decode steps at once. Blocks still missing (no `reserve_decode_run`)
+        are taken first, in decode order, before any sequence of the run finishes."""
+        self._check_run(seqs)
+        batch = self._decode
         bs = self.block_size
-        for seq in seqs:
-            need = seq.num_blocks_needed(seq.num_computed_tokens + num_steps, bs)
-            if need:
+        due = batch.take_needing(batch.clock.steps + num_steps - 1)
+        try:
+            for seq in due:
+                need = seq.num_blocks_needed(seq.num_computed_tokens + num_steps, bs)
                 ids = self.pool.try_allocate(need)
                 if ids is None:
                     raise ValueError(f"decode run of {num_steps} steps exceeds free KV")
                 seq.block_ids.extend(ids)
-            seq.num_computed_tokens += num_steps
-            seq.num_generated += num_steps
-            if seq.num_generated > seq.request.max_output_tokens:
-                raise ValueError(f"decode run of {num_steps} steps overshoots {seq.seq_id}")
-            if seq.is_done:
-                self._finish(seq, was_running=True)
-                out.finished.append(seq)
+        finally:
+            for seq in due:
+                batch.track_need(seq)
+        out = StepOutcome()
+        self._advance_decodes(seqs, num_steps, frozenset(), out)
         return out
+
+    def _check_run(self, seqs: Seq[Sequence]) -> None:
+        """A run moves the whole decode clock: `seqs` joining since the last plan join it
+        now (sequences not in `seqs` stay off it); every sequence on it must be listed."""
+        batch = self._decode
+        if self._to_join:
+            listed = set(seqs)
+            joining = [s for s in self._to_join if s in listed]
+            if joining:
+                self._to_join = [s for s in self._to_join if s not in listed]
+                for seq in joining:
+                    batch.join(seq)
+        if len(seqs) != len(batch):
+            raise ValueError("a decode run advances every sequence on the decode clock")
+        self._skipped = []
 
     # -- disaggregation ------------------------------------------------------------------
     def release_handoff(self, seq_id: int) -> Sequence:
@@ -481,14 +592,14 @@ class NodeScheduler:
         seq = self.incoming.pop(seq_id)
         self._commit_computed(seq)
         seq.phase = SeqPhase.DECODING
-        self.running.append(seq)
+        self._add_running(seq)
         return seq
 
     def take_running(self, seq_id: int) -> Sequence:
         """Detach a decoding sequence to migrate it (its blocks stay cached here)."""
         seq = next(s for s in self.running if s.seq_id == seq_id)
+        self._remove_running(seq)
         self._release(seq)
-        self.running.remove(seq)
         seq.phase = SeqPhase.FINISHED
         return seq
 
@@ -540,3 +651,8 @@ class NodeScheduler:
         for seq in self.waiting:
             if seq.block_ids or seq.phase is not SeqPhase.WAITING:
                 raise AssertionError(f"waiting sequence {seq.seq_id} holds blocks")
+        self._decode.check_integrity(self.running)
+        if len(self._decode) + len(self._to_join) != len(self.running):
+            raise AssertionError("a running sequence is neither on the decode clock nor joining")
+        if [s.run_pos for s in self.running] != sorted(s.run_pos for s in self.running):
+            raise AssertionError("running sequences out of their join order")

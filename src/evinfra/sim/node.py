@@ -43,7 +43,9 @@ class SimNode:
 
     def batch_shape(self, plan: StepPlan) -> BatchShape:
         chunks = tuple(PrefillChunk(c.num_new_tokens, c.num_context_tokens) for c in plan.chunks)
-        ctx = sum(s.num_computed_tokens + 1 for s in plan.decodes)
+        ctx = plan.num_decode_context_tokens
+        if ctx is None:
+            ctx = sum(s.num_computed_tokens + 1 for s in plan.decodes)
         kv = self.sched.pool.num_used_blocks * self.sched.block_size
         return BatchShape(chunks, len(plan.decodes), ctx, kv)
 
@@ -57,10 +59,9 @@ class SimNode:
         return t
 
     def decode_run_args(self) -> tuple[int, int, int]:
-        running = self.sched.running
-        ctx = sum(s.num_computed_tokens + 1 for s in running)
-        kv = self.sched.pool.num_used_blocks * self.sched.block_size
-        return len(running), ctx, kv
+        sched = self.sched
+        kv = sched.pool.num_used_blocks * sched.block_size
+        return len(sched.running), sched.num_decode_context_tokens, kv
 
     def run_time_s(self, args: tuple[int, int, int], num_steps: int) -> float:
         return self.cost.decode_run_time_s(args[0], args[1], args[2], num_steps)
