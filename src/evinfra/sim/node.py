@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from evinfra.core.scheduler import NodeScheduler, StepPlan
 from evinfra.core.sequence import Sequence
@@ -21,6 +22,8 @@ class StepInFlight:
     """>1: a decode run of that many steps (apply_decode_run); 1: one planned step."""
     run_args: tuple[int, int, int] = (0, 0, 0)
     """(num_seqs, context tokens, kv tokens) at the start of a decode run."""
+    run_times_s: dict[int, float] = field(default_factory=dict)
+    """The cost model's time for the run's first n steps, by n, as far as asked."""
 
 
 class SimNode:
@@ -66,17 +69,64 @@ class SimNode:
     def run_time_s(self, args: tuple[int, int, int], num_steps: int) -> float:
         return self.cost.decode_run_time_s(args[0], args[1], args[2], num_steps)
 
+    def run_time_of(self, step: StepInFlight, num_steps: int) -> float:
+        """The time of the first `num_steps` steps of the decode run `step` (each asked of
+        the cost model once per run)."""
+        times = step.run_times_s
+        t = times.get(num_steps)
+        if t is None:
+            t = self.run_time_s(step.run_args, num_steps)
+            times[num_steps] = t
+        return t
+
     def steps_done_by(self, step: StepInFlight, now_s: float) -> int:
         """Steps of a decode run complete by `now_s`, counting the one in progress (new
-        work joins at the next step boundary)."""
+        work joins at the next step boundary): the fewest steps whose run time reaches
+        the time elapsed. Run times grow with every step, so the search may guess where
+        that step is from the run times it knows and check the guess and its neighbour
+        (about three questions to the cost model instead of log2(steps))."""
         elapsed = now_s - step.start_s
-        lo, hi = 0, step.num_steps  # run_time(lo) < elapsed <= run_time(hi)
         if elapsed <= 0:
             return 1
+        lo, hi = 0, step.num_steps  # run_time(lo) < elapsed <= run_time(hi)
+        t_lo, t_hi = 0.0, step.run_times_s.get(hi)
+        neighbour = 0
+        guesses = 0
         while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.run_time_s(step.run_args, mid) >= elapsed:
-                hi = mid
+            exact_guess = False
+            if lo < neighbour < hi:
+                mid = neighbour
+            elif guesses < 3 and t_hi is not None:
+                guesses += 1
+                exact_guess = lo > 0
+                mid = min(max(math.ceil(_steps_for(elapsed, lo, t_lo, hi, t_hi)), lo + 1), hi - 1)
             else:
-                lo = mid
+                mid = (lo + hi) // 2
+            neighbour = 0
+            t = self.run_time_of(step, mid)
+            if t >= elapsed:
+                hi, t_hi = mid, t
+                if exact_guess:
+                    neighbour = mid - 1
+            else:
+                lo, t_lo = mid, t
+                if exact_guess:
+                    neighbour = mid + 1
         return max(hi, 1)
+
+
+def _steps_for(elapsed: float, lo: int, t_lo: float, hi: int, t_hi: float) -> float:
+    """Where a run's time reaches `elapsed`, modelling the mean step time of the first n
+    steps as linear in n through the known points (exact when each step takes a fixed
+    amount longer than the one before, as a decode step does as contexts grow)."""
+    mean_hi = t_hi / hi
+    if lo == 0:
+        return elapsed / mean_hi if mean_hi > 0 else (lo + hi) / 2
+    mean_lo = t_lo / lo
+    slope = (mean_hi - mean_lo) / (hi - lo)
+    base = mean_lo - slope * lo
+    disc = base * base + 4 * slope * elapsed
+    if disc < 0 or base + math.sqrt(disc) <= 0:
+        return (lo + hi) / 2
+    # the root of slope n^2 + base n = elapsed, in the form that stays exact as slope -> 0
+    return 2 * elapsed / (base + math.sqrt(disc))

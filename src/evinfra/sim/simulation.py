@@ -332,7 +332,7 @@ class Simulation:
                 done = node.steps_done_by(step, self.now_s)
                 if done < step.num_steps:
                     step.num_steps = done
-                    step.end_s = step.start_s + node.run_time_s(step.run_args, done)
+                    step.end_s = step.start_s + node.run_time_of(step, done)
                     self._push_step_done(node, step.end_s)
             return
         if node.migrate_pending:
@@ -354,7 +354,7 @@ class Simulation:
             node.sched.reserve_decode_run(plan.decodes, k)
             args = node.decode_run_args()
             dur = node.run_time_s(args, k)
-            node.step = StepInFlight(plan, now + delay, now + delay + dur, k, args)
+            node.step = StepInFlight(plan, now + delay, now + delay + dur, k, args, {k: dur})
         else:
             dur = node.step_time_s(plan)
             node.step = StepInFlight(plan, now + delay, now + delay + dur, 1)
@@ -401,7 +401,7 @@ class Simulation:
         assert step.plan is not None
         end_s = step.end_s
         if step.num_steps > 1:
-            end_s = step.start_s + node.run_time_s(step.run_args, 1)
+            end_s = step.start_s + node.run_time_of(step, 1)
         waiting = self._awaiting_decode_step
         for seq in step.plan.decodes:
             if seq.seq_id in waiting:
