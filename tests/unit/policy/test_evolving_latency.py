@@ -11,7 +11,12 @@ from evinfra.core.types import Role
 from evinfra.costmodel.base import BatchShape
 from evinfra.policy.bundle import ClusterShape
 from evinfra.policy.evolving.bundle import monotone_decode
-from evinfra.policy.evolving.latency import ObservedLoad, mixed_call_s, split_call_s
+from evinfra.policy.evolving.latency import (
+    ObservedLoad,
+    fastest_split,
+    mixed_call_s,
+    split_call_s,
+)
 from evinfra.policy.evolving.planner import EvolvingPlanner, PlannerConfig
 from evinfra.policy.evolving.rates import node_rates
 from evinfra.policy.evolving.sessions import SessionTable
@@ -91,8 +96,10 @@ def test_rates_probe_mixed_steps_and_monotone_keeps_them_above_decode() -> None:
     assert times == sorted(times)
 
 
-def _planner(mixed_by_latency: bool) -> EvolvingPlanner:
-    cfg = PlannerConfig(min_dwell_s=0.0, mixed_by_latency=mixed_by_latency)
+def _planner(mixed_by_latency: bool, split_by_latency: bool = False) -> EvolvingPlanner:
+    cfg = PlannerConfig(
+        min_dwell_s=0.0, mixed_by_latency=mixed_by_latency, split_by_latency=split_by_latency
+    )
     return EvolvingPlanner(SessionTable(), MOE, 16, cfg)
 
 
@@ -130,3 +137,20 @@ def test_planner_splits_where_the_split_is_predicted_faster() -> None:
     assert split_call_s(MOE, load, 3, 1) < 0.9 * mixed_call_s(MOE, load, 4)
     from_mixed = _plan_twice(_planner(True), 2000, 200, [Role.MIXED] * 4)
     assert from_mixed == [Role.DECODE, Role.PREFILL, Role.PREFILL, Role.PREFILL]
+
+
+def test_split_by_latency_takes_the_prefill_count_predicted_fastest() -> None:
+    # 8,000 prefill and 8,000 output tokens/s on 4 nodes: balancing the demands gives 2
+    # prefill nodes, predicted slower than every node mixed; 1 prefill node is predicted
+    # faster than both
+    mixed = [Role.MIXED] * 4
+    p = _planner(True)
+    assert _plan_twice(p, 800, 800, mixed) == []
+    load = p._load
+    assert load is not None
+    assert fastest_split(MOE, load, 4)[0] == 1
+    assert (
+        split_call_s(MOE, load, 1, 3) < mixed_call_s(MOE, load, 4) < split_call_s(MOE, load, 2, 2)
+    )
+    by_latency = _plan_twice(_planner(True, split_by_latency=True), 800, 800, mixed)
+    assert by_latency == [Role.DECODE, Role.DECODE, Role.DECODE, Role.PREFILL]

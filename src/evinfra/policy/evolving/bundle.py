@@ -34,6 +34,7 @@ OPTIONS = (
     "mixed_below_utilisation",
     "split_hysteresis",
     "mixed_by_latency",
+    "split_by_latency",
     "tier_messages",
 )
 
@@ -88,6 +89,7 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
                 ),
                 split_hysteresis=get_float(options, "split_hysteresis", 0.05, min_value=0.0),
                 mixed_by_latency=get_bool(options, "mixed_by_latency", True),
+                split_by_latency=get_bool(options, "split_by_latency", False),
                 switch_mode=mode,
             ),
         )

@@ -120,3 +120,14 @@ def mixed_call_s(rates: NodeRates, load: ObservedLoad, num_nodes: int) -> float:
     compute_s = load.uncached_tokens_per_call / chunk_tokens * rates.mixed_step_s(batch)
     ttft = max(compute_s, rates.decode_step_s(batch)) / (1.0 - share)
     return ttft + load.output_tokens_per_call * tpot_s
+
+
+def fastest_split(rates: NodeRates, load: ObservedLoad, num_nodes: int) -> tuple[int, float]:
+    """(prefill nodes, predicted call seconds) of the split predicted fastest; (0, inf)
+    when no split carries the load."""
+    best, best_s = 0, math.inf
+    for num_prefill in range(1, num_nodes):
+        call_s = split_call_s(rates, load, num_prefill, num_nodes - num_prefill)
+        if call_s < best_s:
+            best, best_s = num_prefill, call_s
+    return best, best_s

@@ -22,7 +22,12 @@ from evinfra.policy.base import (
     PlannerObservation,
     RequestFinished,
 )
-from evinfra.policy.evolving.latency import ObservedLoad, mixed_call_s, split_call_s
+from evinfra.policy.evolving.latency import (
+    ObservedLoad,
+    fastest_split,
+    mixed_call_s,
+    split_call_s,
+)
 from evinfra.policy.evolving.rates import NodeRates
 from evinfra.policy.evolving.sessions import SessionTable
 
@@ -47,6 +52,9 @@ class PlannerConfig:
     mixed_by_latency: bool = True
     """Past that share, every node stays mixed while mixing is predicted faster than the
     split (`latency.py`); within `split_hysteresis` the configuration in force is kept."""
+    split_by_latency: bool = False
+    """Split at the prefill count predicted fastest (`latency.fastest_split`) instead of the
+    one balancing the two demands' load per node (an experiment, off by default)."""
     split_hysteresis: float = 0.05
     """A split keeps its prefill count while the busier pool's load is within this
     fraction of the best count's, so demand near a boundary does not flip a node."""
@@ -192,6 +200,8 @@ class EvolvingPlanner:
             self._split = False
             return 0, 0, num_nodes
         p = self.target_prefill_nodes(need_p, need_d, num_nodes, current_p)
+        if self.config.split_by_latency and self._load is not None:
+            p = self._fastest_prefill_nodes(self._load, num_nodes, current_p, p)
         share_p = num_nodes * need_p / (need_p + need_d)
         mixing = self.config.mixed_below_utilisation > 0  # 0: never mixed by load
         if mixing and (share_p < 0.5 or self._need_d_kv > num_nodes - p):
@@ -206,6 +216,21 @@ class EvolvingPlanner:
             return 0, 0, num_nodes
         self._split = True
         return p, num_nodes - p, 0
+
+    def _fastest_prefill_nodes(
+        self, load: ObservedLoad, num_nodes: int, current_p: int | None, fallback: int
+    ) -> int:
+        """The prefill count predicted fastest; the split in force while its prediction
+        is within `split_hysteresis` of the best; `fallback` when no split carries the
+        load."""
+        best, best_s = fastest_split(self.rates, load, num_nodes)
+        if not math.isfinite(best_s):
+            return fallback
+        if current_p is not None and 1 <= current_p < num_nodes:
+            now_s = split_call_s(self.rates, load, current_p, num_nodes - current_p)
+            if now_s <= best_s * (1 + self.config.split_hysteresis):
+                return current_p
+        return best
 
     def _mixing_is_faster(self, num_prefill: int, num_nodes: int, split_now: bool) -> bool:
         """Every node mixed is predicted to serve a call sooner than the split with
