@@ -2,13 +2,25 @@
 system the measured mean end-to-end latency, P50/P95 TTFT and ITL, the ratios of each
 Dynamo deployment to evinfra, and the simulator's prediction next to each measured value.
 
+The replay's mean end-to-end latency averages the calls that finished; a system that
+strands calls (preempted, never readmitted before the end) is not charged for them. So
+next to it the report puts the mean with every unfinished call counted from its send to
+the end of the replay (a lower bound on its latency) and the number of unfinished calls,
+from the same per-call records `stalls.py` reads (`stalls.replay_stats`).
+
 TTFT, TPOT and ITL are recomputed from `requests.jsonl` over token chunks only (see
 `token_timing`): both servers send a chunk that carries no token, which `evinfra replay`
 counts as one.
+
+Re-render a finished run (its results.json plus `measured/*/*/requests.jsonl`) with the
+current report, printing it, or rewriting report.md and results.json with `--write`:
+
+    .venv/bin/python benchmarks/dynamo/report.py runs/sbs-X [--write]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -16,8 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from stalls import replay_stats
 
-METRICS = ("mean_e2e_s", "p50_ttft_s", "p95_ttft_s", "mean_itl_s", "p50_itl_s", "p95_itl_s")
+METRICS = (
+    "mean_e2e_s",
+    "mean_e2e_with_unfinished_s",
+    "p50_ttft_s",
+    "p95_ttft_s",
+    "mean_itl_s",
+    "p50_itl_s",
+    "p95_itl_s",
+)
 SIM_METRICS = ("mean_e2e_s", "p50_ttft_s", "p95_ttft_s", "mean_tpot_s")
 SIM_TOLERANCE = 0.15
 SERVER_STATS = (
@@ -70,9 +91,12 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def measured_metrics(run_dir: Path, leading_extra: bool = False) -> dict[str, Any]:
+def measured_metrics(
+    run_dir: Path, leading_extra: bool = False, window_s: float = math.inf
+) -> dict[str, Any]:
     """The replay's summary.json with TTFT, TPOT and ITL recomputed from requests.jsonl
-    over token chunks only (`token_timing`); the replay's own values are kept as
+    over token chunks only (`token_timing`) and the unfinished calls sent before
+    `window_s` counted (`unfinished_metrics`); the replay's own values are kept as
     `replay_*`."""
     summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
     rows = read_jsonl(run_dir / "requests.jsonl")
@@ -100,7 +124,22 @@ def measured_metrics(run_dir: Path, leading_extra: bool = False) -> dict[str, An
         summary["mean_itl_s"] = float(gaps.mean())
         for name, q in (("p50", 50), ("p95", 95), ("p99", 99)):
             summary[f"{name}_itl_s"] = float(np.percentile(gaps, q))
+    summary["replay_num_unfinished"] = summary.get("num_unfinished")
+    summary.update(unfinished_metrics(run_dir, window_s))
     return summary
+
+
+def unfinished_metrics(run_dir: Path, window_s: float = math.inf) -> dict[str, Any]:
+    """`num_unfinished` and `mean_e2e_with_unfinished_s` (every unfinished call counted
+    from its send to the end of the replay) of one replay's folder, over the calls sent
+    before `window_s` that did not fail; empty where the folder has no requests.jsonl."""
+    calls = replay_stats(run_dir, window_s)
+    if calls is None:
+        return {}
+    return {
+        "num_unfinished": len(calls.unfinished),
+        "mean_e2e_with_unfinished_s": calls.mean_e2e_with_unfinished_s,
+    }
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float:
@@ -158,10 +197,18 @@ def _pick(summary: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
     return {k: summary.get(k) for k in keys}
 
 
+def _known(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
 def _fmt(value: Any, scale: float = 1.0, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if not _known(value):
         return "n/a"
     return f"{float(value) * scale:.{digits}f}"
+
+
+def _count(value: Any) -> str:
+    return f"{value:.0f}" if _known(value) else "n/a"
 
 
 def _pct(value: Any) -> str:
@@ -175,13 +222,16 @@ def markdown(results: Mapping[str, Any], header: str) -> str:
     lines = [header, ""]
     for workload, res in results.items():
         lines += [f"## {workload}", ""]
-        lines.append("| system | requests | mean e2e (s) | P50 TTFT (s) | P95 TTFT (s) "
-                     "| mean ITL (ms) | P50 ITL (ms) | P95 ITL (ms) | KV hit |")  # fmt: skip
-        lines.append("|---|---|---|---|---|---|---|---|---|")
+        lines.append("| system | requests | mean e2e (s) | with unfinished (s) | unfinished "
+                     "| P50 TTFT (s) | P95 TTFT (s) | mean ITL (ms) | P50 ITL (ms) | P95 ITL (ms) "
+                     "| KV hit |")  # fmt: skip
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for label, m in res["measured"].items():
             lines.append(
                 f"| {label} | {m.get('num_requests')} ({m.get('num_errors')} err) "
-                f"| {_fmt(m['mean_e2e_s'])} | {_fmt(m['p50_ttft_s'])} | {_fmt(m['p95_ttft_s'])} "
+                f"| {_fmt(m['mean_e2e_s'])} | {_fmt(m.get('mean_e2e_with_unfinished_s'))} "
+                f"| {_count(m.get('num_unfinished'))} "
+                f"| {_fmt(m['p50_ttft_s'])} | {_fmt(m['p95_ttft_s'])} "
                 f"| {_fmt(m['mean_itl_s'], 1e3, 2)} | {_fmt(m['p50_itl_s'], 1e3, 2)} "
                 f"| {_fmt(m['p95_itl_s'], 1e3, 2)} | {_fmt(m.get('kv_hit_rate'), 1, 2)} |"
             )
@@ -195,10 +245,11 @@ def markdown(results: Mapping[str, Any], header: str) -> str:
                           f"({m.get('server_kv_scored_hashes') or 0:.0f} block hashes), "
                           f"steps per node {m.get('server_node_steps')}."]  # fmt: skip
         lines += ["", "Ratio of each Dynamo deployment to evinfra (above 1: evinfra faster):", ""]
-        lines.append("| system | mean e2e | P50 TTFT | P95 TTFT | mean ITL | P50 ITL | P95 ITL |")
-        lines.append("|---|---|---|---|---|---|---|")
+        lines.append("| system | mean e2e | with unfinished | P50 TTFT | P95 TTFT | mean ITL "
+                     "| P50 ITL | P95 ITL |")  # fmt: skip
+        lines.append("|---|---|---|---|---|---|---|---|")
         for label, r in res["ratio_to_evinfra"].items():
-            row = " | ".join(_fmt(r[m], 1, 2) + ("x" if not math.isnan(r[m]) else "")
+            row = " | ".join(_fmt(r.get(m), 1, 2) + ("x" if _known(r.get(m)) else "")
                              for m in METRICS)  # fmt: skip
             lines.append(f"| {label} | {row} |")
         lines += ["", "Simulator (`evinfra sim`) prediction next to the measured value "
@@ -263,3 +314,59 @@ def crosscheck_markdown(rows: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> 
                 f"| {_fmt(m.get('mean_itl_s'), 1e3, 2)} | {_fmt(m.get('p95_itl_s'), 1e3, 2)} |"
             )
     return "\n".join(lines)
+
+
+# -- the whole report ---------------------------------------------------------------------
+def report_text(
+    results: Mapping[str, Any],
+    header: str,
+    failures: Sequence[str] = (),
+    crosscheck: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+) -> str:
+    """report.md: the tables of `markdown`, then the failures and the aiperf cross-check."""
+    text = markdown(results, header)
+    if failures:
+        text += "\n## Failures\n\n" + "".join(f"- {f}\n" for f in failures)
+    if crosscheck:
+        text += "\n## aiperf cross-check\n\n" + crosscheck_markdown(crosscheck) + "\n"
+    return text
+
+
+def rerender(run: Path) -> tuple[dict[str, Any], str]:
+    """(results.json payload, report.md) of a finished side-by-side run folder, the
+    unfinished calls recounted from `measured/<workload>/<system>/requests.jsonl` and the
+    ratios recomputed; the header is the old report's (everything before its first `## `)."""
+    payload: dict[str, Any] = json.loads((run / "results.json").read_text())
+    window_s = float(payload["limits"]["duration_s"])
+    measured = {
+        workload: {
+            label: {**m, **unfinished_metrics(run / "measured" / workload / label, window_s)}
+            for label, m in res["measured"].items()
+        }
+        for workload, res in payload["results"].items()
+    }
+    simulated = {workload: res["simulated"] for workload, res in payload["results"].items()}
+    payload["results"] = build_results(measured, simulated)
+    old = run / "report.md"
+    header = old.read_text().split("\n## ", 1)[0].rstrip() if old.is_file() else "# Side by side"
+    text = report_text(
+        payload["results"], header, payload.get("failures", []), payload.get("crosscheck")
+    )
+    return payload, text
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Re-render a side-by-side run's report.")
+    p.add_argument("run", type=Path, help="a side-by-side run folder (--out)")
+    p.add_argument("--write", action="store_true", help="rewrite its report.md, results.json")
+    args = p.parse_args(argv)
+    payload, text = rerender(args.run)
+    if args.write:
+        (args.run / "results.json").write_text(json.dumps(payload, indent=2, default=float))
+        (args.run / "report.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -57,9 +57,8 @@ from probe import (  # noqa: E402
 from report import (  # noqa: E402
     aiperf_metrics,
     build_results,
-    crosscheck_markdown,
-    markdown,
     measured_metrics,
+    report_text,
 )
 
 REPO = HERE.parent.parent
@@ -231,7 +230,7 @@ class SideBySide:
             rc = run_bounded(argv, budget, self.out / "logs" / f"replay-{run.name}-{dep.label}.log")
             if rc != 0 or not (out / "summary.json").is_file():
                 raise RuntimeError(f"replay of {run.name} on {dep.label} failed (rc {rc})")
-            metrics = measured_metrics(out, leading_extra=dep.leading_extra_chunk)
+            metrics = measured_metrics(out, dep.leading_extra_chunk, self.limits.duration_s)
             if dep.kind == "evinfra":
                 metrics.update(evinfra_server_stats(server.url))
             self.measured.setdefault(run.name, {})[dep.label] = metrics
@@ -394,11 +393,7 @@ class SideBySide:
             + ". "
             + context_note(runs)
         )
-        text = markdown(results, header)
-        if self.failures:
-            text += "\n## Failures\n\n" + "".join(f"- {f}\n" for f in self.failures)
-        if crosscheck:
-            text += "\n## aiperf cross-check\n\n" + crosscheck_markdown(crosscheck) + "\n"
+        text = report_text(results, header, self.failures, crosscheck)
         (self.out / "report.md").write_text(text)
         print(text)
         log(f"wrote {self.out}/report.md and results.json ({wall_s:.0f} s)")

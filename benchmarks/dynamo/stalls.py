@@ -80,18 +80,27 @@ def call_stats(
     )
 
 
+def replay_stats(
+    folder: Path, window_s: float = math.inf, stall_s: float = 1.0
+) -> CallStats | None:
+    """`call_stats` of one replay's output folder (`requests.jsonl`, and `summary.json`'s
+    `wall_s` as the end of the replay); None where the folder has no requests.jsonl."""
+    rows = folder / "requests.jsonl"
+    if not rows.is_file():
+        return None
+    calls = [json.loads(line) for line in rows.read_text().splitlines() if line.strip()]
+    end_s = float(json.loads((folder / "summary.json").read_text())["wall_s"])
+    return call_stats(calls, end_s, window_s, stall_s)
+
+
 def run_stats(run: Path, stall_s: float = 1.0) -> dict[str, dict[str, CallStats]]:
     """workload -> system -> stats, for a side-by-side run folder (`--out`)."""
     window_s = float(json.loads((run / "results.json").read_text())["limits"]["duration_s"])
     out: dict[str, dict[str, CallStats]] = {}
     for folder in sorted((run / "measured").glob("*/*")):
-        rows = folder / "requests.jsonl"
-        if not rows.exists():
-            continue
-        calls = [json.loads(line) for line in rows.read_text().splitlines() if line]
-        end_s = float(json.loads((folder / "summary.json").read_text())["wall_s"])
-        workload, system = folder.parent.name, folder.name
-        out.setdefault(workload, {})[system] = call_stats(calls, end_s, window_s, stall_s)
+        stats = replay_stats(folder, window_s, stall_s)
+        if stats is not None:
+            out.setdefault(folder.parent.name, {})[folder.name] = stats
     return out
 
 
