@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from evinfra.core.allocation import Allocation
 from evinfra.core.blocks import num_blocks_for
-from evinfra.core.decode_batch import DecodeBatch
+from evinfra.core.decode_batch import DecodeBatch, longest_run
 from evinfra.core.kv_pool import KVPool, PrefixMatch
 from evinfra.core.sequence import SeqPhase, Sequence
 from evinfra.core.types import Request, Role
@@ -84,10 +84,7 @@ class NodeScheduler:
         self.running: list[Sequence] = []
         """Decoding sequences, in the order they joined (the decode order)."""
         self._decode = DecodeBatch(config.block_size)
-        """The running sequences on the decode clock: all but `_to_join`."""
-        self._to_join: list[Sequence] = []
-        """Running sequences that joined since the last plan: the step in flight does not
-        advance them; they join the clock when the next step is planned."""
+        """The running sequences, advanced by the node's decode clock."""
         self._skipped: list[Sequence] = []
         """Sequences on the clock that the planned step does not decode."""
         self._num_joined = 0
@@ -138,9 +135,7 @@ class NodeScheduler:
 
     @property
     def num_decode_context_tokens(self) -> int:
-        return self._decode.num_context_tokens() + sum(
-            s.num_computed_tokens + 1 for s in self._to_join
-        )
+        return self._decode.num_context_tokens()
 
     def match_prefix(self, hashes: Seq[int]) -> PrefixMatch:
         return self.pool.match_prefix(hashes)
@@ -276,9 +271,7 @@ class NodeScheduler:
         those whose next token starts a block are looked at, unless the batch is over
         `max_decodes` (then the first `max_decodes` that can run)."""
         batch = self._decode
-        for seq in self._to_join:
-            batch.join(seq)
-        self._to_join = []
+        batch.join_all()
         self._skipped = []
         due = batch.take_needing(batch.clock.steps)
         decoding = SeqPhase.DECODING
@@ -439,14 +432,11 @@ class NodeScheduler:
         self._num_joined += 1
         seq.run_pos = self._num_joined
         self.running.append(seq)
-        self._to_join.append(seq)
+        self._decode.add(seq)
 
     def _remove_running(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        if seq in self._decode:
-            self._decode.leave(seq)
-        else:
-            self._to_join.remove(seq)
+        self._decode.remove(seq)
 
     def _finish(self, seq: Sequence, was_running: bool) -> None:
         if was_running:
@@ -462,59 +452,17 @@ class NodeScheduler:
             return 0
         if len(self.running) > min(self.config.max_num_seqs, self.config.max_num_batched_tokens):
             return 0
-        batch = self._decode
-        remaining = [s.num_remaining_outputs for s in self._to_join]
-        on_clock = batch.min_remaining_outputs()
-        if on_clock is not None:
-            remaining.append(on_clock)
-        k = min(remaining)
-        if k <= 0:
+        k = self._decode.min_remaining_outputs()
+        if k is None or k <= 0:
             return 0
-        bs = self.block_size
-        # tokens each sequence can still decode into its blocks; a run of `steps` needs
-        # ceil((steps - room) / bs) more blocks for every room below `steps`
-        rooms = batch.rooms()
-        rooms += [len(s.block_ids) * bs - s.num_computed_tokens for s in self._to_join]
-        rooms.sort()
-        free = self.pool.num_free_blocks
-
-        def extra(steps: int) -> int:
-            total = 0
-            for room in rooms:
-                if room >= steps:
-                    break
-                total += (steps - room + bs - 1) // bs
-            return total
-
-        if extra(k) <= free:
-            return k
-        lo, hi = 0, k  # extra(lo) fits, extra(hi) does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if extra(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return longest_run(self._decode.rooms(), k, self.pool.num_free_blocks, self.block_size)
 
     def reserve_decode_run(self, seqs: Seq[Sequence], num_steps: int) -> None:
         """Allocate now every block a decode run of `num_steps` over `seqs` (the plan's
         decodes: every running sequence) will need, so that work arriving during the run
         cannot take them. Only the sequences that cross a block boundary are touched."""
         self._check_run(seqs)
-        batch = self._decode
-        bs = self.block_size
-        due = batch.take_needing(batch.clock.steps + num_steps - 1)
-        try:
-            for seq in due:
-                need = seq.num_blocks_needed(seq.num_computed_tokens + num_steps, bs)
-                ids = self.pool.try_allocate(need)
-                if ids is None:
-                    raise ValueError(f"decode run of {num_steps} steps exceeds free KV")
-                seq.block_ids.extend(ids)
-        finally:
-            for seq in due:
-                batch.track_need(seq)
+        self._decode.allocate_run(self.pool, num_steps)
 
     def apply_decode_run(self, seqs: Seq[Sequence], num_steps: int) -> StepOutcome:
         """Advance `seqs` (the decodes of the plan that started the run: every sequence on
@@ -522,35 +470,15 @@ class NodeScheduler:
         `num_steps` decode steps at once. Blocks still missing (no `reserve_decode_run`)
         are taken first, in decode order, before any sequence of the run finishes."""
         self._check_run(seqs)
-        batch = self._decode
-        bs = self.block_size
-        due = batch.take_needing(batch.clock.steps + num_steps - 1)
-        try:
-            for seq in due:
-                need = seq.num_blocks_needed(seq.num_computed_tokens + num_steps, bs)
-                ids = self.pool.try_allocate(need)
-                if ids is None:
-                    raise ValueError(f"decode run of {num_steps} steps exceeds free KV")
-                seq.block_ids.extend(ids)
-        finally:
-            for seq in due:
-                batch.track_need(seq)
+        self._decode.allocate_run(self.pool, num_steps)
         out = StepOutcome()
         self._advance_decodes(seqs, num_steps, frozenset(), out)
         return out
 
     def _check_run(self, seqs: Seq[Sequence]) -> None:
-        """A run moves the whole decode clock: `seqs` joining since the last plan join it
-        now (sequences not in `seqs` stay off it); every sequence on it must be listed."""
-        batch = self._decode
-        if self._to_join:
-            listed = set(seqs)
-            joining = [s for s in self._to_join if s in listed]
-            if joining:
-                self._to_join = [s for s in self._to_join if s not in listed]
-                for seq in joining:
-                    batch.join(seq)
-        if len(seqs) != len(batch):
+        """A run moves the whole decode clock: every sequence on it must be in `seqs`."""
+        self._decode.join_listed(seqs)
+        if len(seqs) != len(self._decode):
             raise ValueError("a decode run advances every sequence on the decode clock")
         self._skipped = []
 
@@ -652,7 +580,3 @@ class NodeScheduler:
             if seq.block_ids or seq.phase is not SeqPhase.WAITING:
                 raise AssertionError(f"waiting sequence {seq.seq_id} holds blocks")
         self._decode.check_integrity(self.running)
-        if len(self._decode) + len(self._to_join) != len(self.running):
-            raise AssertionError("a running sequence is neither on the decode clock nor joining")
-        if [s.run_pos for s in self.running] != sorted(s.run_pos for s in self.running):
-            raise AssertionError("running sequences out of their join order")
