@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from evinfra.core.decode_batch import DecodeBatch
 from evinfra.core.kv_pool import KVPool
@@ -104,3 +106,77 @@ def test_a_sequence_joining_during_a_step_is_not_advanced_by_it() -> None:
     sched.complete_step(plan)
     assert [s.num_generated for s in sched.running] == [3, 2]
     sched.check_integrity()
+
+
+OPS = ["submit", "incoming", "step", "run", "stop"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(OPS), st.integers(1, 9)),
+        max_size=40,
+    ),
+    st.integers(8, 40),
+)
+def test_counters_follow_the_plans_that_decoded_them(
+    ops: list[tuple[str, int]], num_blocks: int
+) -> None:
+    """Each sequence's counters move exactly by the steps of the plans that list it, while
+    sequences join mid-step, stop, get preempted and decode in runs cut short."""
+    sched = NodeScheduler(0, KVPool(num_blocks), SchedulerConfig(BS, 12, 4), Role.MIXED)
+    generated: dict[int, int] = {}
+    plan = None
+    finished: list[int] = []
+
+    def complete(stopped: frozenset[int]) -> None:
+        nonlocal plan
+        if plan is None:
+            return
+        for chunk in plan.chunks:
+            if chunk.completes_prefill:
+                generated[chunk.seq.seq_id] = chunk.seq.num_generated + 1
+        for seq in plan.decodes:
+            generated[seq.seq_id] += 1
+        out = sched.complete_step(plan, stopped)
+        finished.extend(s.seq_id for s in out.finished)
+        plan = None
+
+    for rid, (op, n) in enumerate(ops):
+        if op == "submit" and 2 + n <= num_blocks * BS // 2:
+            sched.enqueue_prefill(Request(rid, (), 2 + n, n), decode_here=True)
+        elif op == "incoming" and 2 * n <= num_blocks * BS // 2:
+            if sched.try_reserve_incoming(Request(rid, (), n, n + 1), num_generated=1):
+                generated[rid] = 1
+                sched.accept_incoming(rid)  # possibly while a step is in flight
+        elif op in ("step", "stop"):
+            first = sched.running[:1] if op == "stop" else []
+            complete(frozenset(s.seq_id for s in first))
+            plan = sched.schedule()
+        elif op == "run":
+            complete(frozenset())
+            plan = sched.schedule()
+            k = sched.max_decode_run_steps() if plan and not plan.chunks else 0
+            if plan is not None and k > 1 and len(plan.decodes) == len(sched.running):
+                sched.reserve_decode_run(plan.decodes, k)
+                cut = min(k, n)
+                for seq in plan.decodes:
+                    generated[seq.seq_id] += cut
+                out = sched.apply_decode_run(plan.decodes, cut)
+                finished.extend(s.seq_id for s in out.finished)
+                plan = None
+        sched.check_integrity()
+        for seq in [*sched.running, *sched.prefilling, *sched.waiting]:
+            assert seq.num_generated == generated.get(seq.seq_id, 0), seq.seq_id
+    complete(frozenset())
+    finished += run_to_idle(sched)
+    assert len(finished) == len(set(finished))
+    assert sched.is_idle and sched.pool.num_used_blocks == 0
+
+
+def run_to_idle(sched: NodeScheduler) -> list[int]:
+    finished: list[int] = []
+    while (plan := sched.schedule()) is not None:
+        finished += [s.seq_id for s in sched.complete_step(plan).finished]
+        sched.check_integrity()
+    return finished
