@@ -154,3 +154,13 @@ def test_split_by_latency_takes_the_prefill_count_predicted_fastest() -> None:
     )
     by_latency = _plan_twice(_planner(True, split_by_latency=True), 800, 800, mixed)
     assert by_latency == [Role.DECODE, Role.DECODE, Role.DECODE, Role.PREFILL]
+
+
+def test_latency_rule_never_leaves_a_split_in_force() -> None:
+    # the load where mixing is predicted faster from a mixed start: a 3/1 split in force
+    # stays (under a split the comparison's inputs are the split's own; leaving on them
+    # flapped between the two)
+    p = _planner(True)
+    assert _plan_twice(p, 3000, 200, [Role.PREFILL] * 3 + [Role.DECODE]) == []
+    load = p._load
+    assert load is not None and mixed_call_s(MOE, load, 4) < split_call_s(MOE, load, 3, 1)

@@ -50,8 +50,9 @@ class PlannerConfig:
     """Below this share of the cluster's capacity in use, every node is mixed; 0: never
     mixed by load."""
     mixed_by_latency: bool = True
-    """Past that share, every node stays mixed while mixing is predicted faster than the
-    split (`latency.py`); within `split_hysteresis` the configuration in force is kept."""
+    """Past that share, nodes still all mixed stay mixed while mixing is predicted no
+    slower than the split, within `split_hysteresis` (`latency.py`); a split in force is
+    left only when load falls below the share's band."""
     split_by_latency: bool = False
     """Split at the prefill count predicted fastest (`latency.fastest_split`) instead of the
     one balancing the two demands' load per node (an experiment, off by default)."""
@@ -211,7 +212,11 @@ class EvolvingPlanner:
             # together (hand-offs would queue for KV room)
             self._split = False
             return 0, 0, num_nodes
-        if mixing and self._mixing_is_faster(p, num_nodes, current_p is not None):
+        # the latency rule keeps nodes mixed but never leaves a split in force: under a
+        # split its inputs (prefill queues, small prefills on decode nodes) are the
+        # split's own, and leaving on them flapped GLM-5 computer-use at 64 GPUs between
+        # 6/2 and all mixed every 50 s; a split is left when load falls below the band
+        if mixing and current_p is None and self._mixing_is_faster(p, num_nodes):
             self._split = False
             return 0, 0, num_nodes
         self._split = True
@@ -232,10 +237,9 @@ class EvolvingPlanner:
                 return current_p
         return best
 
-    def _mixing_is_faster(self, num_prefill: int, num_nodes: int, split_now: bool) -> bool:
-        """Every node mixed is predicted to serve a call sooner than the split with
-        `num_prefill` prefill nodes; the configuration in force (`split_now`: a split)
-        wins within `split_hysteresis`."""
+    def _mixing_is_faster(self, num_prefill: int, num_nodes: int) -> bool:
+        """Every node mixed is predicted to serve a call no later than the split with
+        `num_prefill` prefill nodes, within `split_hysteresis` (mixed is in force)."""
         load = self._load
         if not self.config.mixed_by_latency or load is None:
             return False
@@ -243,10 +247,7 @@ class EvolvingPlanner:
         if not math.isfinite(mixed):
             return False
         split = split_call_s(self.rates, load, num_prefill, num_nodes - num_prefill)
-        band = self.config.split_hysteresis
-        if split_now:
-            return mixed < split * (1 - band)
-        return mixed <= split * (1 + band)
+        return mixed <= split * (1 + self.config.split_hysteresis)
 
     def plan(self, view: ClusterView, now_s: float) -> list[RoleChange]:
         if self.config.switch_mode is SwitchMode.RESTART and not all(
