@@ -26,18 +26,21 @@ class PoolListener(Protocol):
 
 
 class _NodeListener:
-    __slots__ = ("_bit", "_device", "_host")
+    __slots__ = ("_bit", "_device", "_host", "_owner")
 
-    def __init__(self, bit: int, device: dict[int, int], host: dict[int, int]) -> None:
+    def __init__(self, bit: int, owner: GlobalBlockIndex) -> None:
         self._bit = bit
-        self._device = device
-        self._host = host
+        self._device = owner._device
+        self._host = owner._host
+        self._owner = owner
 
     def on_device(self, block_hash: int, present: bool) -> None:
         _flip(self._device, block_hash, self._bit, present)
+        self._owner.version += 1
 
     def on_host(self, block_hash: int, present: bool) -> None:
         _flip(self._host, block_hash, self._bit, present)
+        self._owner.version += 1
 
 
 def _flip(table: dict[int, int], key: int, bit: int, present: bool) -> None:
@@ -54,11 +57,16 @@ class GlobalBlockIndex:
         self.num_nodes = num_nodes
         self._device: dict[int, int] = {}
         self._host: dict[int, int] = {}
+        self.version = 0
+        """Bumped on every change a pool reports: a match stays valid while it holds."""
+        self._memo_hashes: Sequence[int] | None = None
+        self._memo_version = -1
+        self._memo: list[PrefixMatch] = []
 
     def listener(self, node_id: int) -> PoolListener:
         if not 0 <= node_id < self.num_nodes:
             raise ValueError(f"node {node_id} outside 0..{self.num_nodes - 1}")
-        return _NodeListener(1 << node_id, self._device, self._host)
+        return _NodeListener(1 << node_id, self)
 
     def attach(self, pool: KVPool, node_id: int) -> None:
         """Make `pool` report to this index as node `node_id` (its current content too)."""
@@ -76,7 +84,23 @@ class GlobalBlockIndex:
 
     def match_all(self, hashes: Sequence[int]) -> list[PrefixMatch]:
         """Every node's leading run of `hashes` on device, then on host (as
-        `KVPool.match_prefix` would answer), in one pass over the prompt."""
+        `KVPool.match_prefix` would answer), in one pass over the prompt. The answer for a
+        tuple is remembered until a pool reports a change (`last_match`)."""
+        if type(hashes) is not tuple:
+            return self._match_all(hashes)
+        if hashes is not self._memo_hashes or self.version != self._memo_version:
+            self._memo = self._match_all(hashes)
+            self._memo_hashes, self._memo_version = hashes, self.version
+        return list(self._memo)
+
+    def last_match(self, hashes: Sequence[int], node_id: int) -> PrefixMatch | None:
+        """Node `node_id`'s match of `hashes` from the last `match_all`, if that was of this
+        very tuple and no pool has changed since; else None."""
+        if hashes is self._memo_hashes and self.version == self._memo_version:
+            return self._memo[node_id]
+        return None
+
+    def _match_all(self, hashes: Sequence[int]) -> list[PrefixMatch]:
         n = self.num_nodes
         device_len = [0] * n
         # alive[i]: the nodes holding all of hashes[0..i] (a running AND of the masks, in

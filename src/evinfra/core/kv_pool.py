@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import takewhile
+from itertools import islice, takewhile
 from typing import Protocol
 
 from evinfra.core.eviction import EvictionPolicy, LRUEviction
@@ -29,6 +29,13 @@ class PrefixMatch:
     @property
     def num_blocks(self) -> int:
         return self.num_device_blocks + self.num_host_blocks
+
+    def truncated(self, num_blocks: int) -> PrefixMatch:
+        """The match of the first `num_blocks` hashes of the list this one matched."""
+        if num_blocks >= self.num_blocks:
+            return self
+        device = min(self.num_device_blocks, num_blocks)
+        return PrefixMatch(device, num_blocks - device)
 
 
 class PoolListenerLike(Protocol):
@@ -63,6 +70,13 @@ class KVPool:
         self.num_dropped_blocks = 0
         self.listener: PoolListenerLike | None = None
         """Told of every hash indexed or forgotten (the cluster-wide block index)."""
+        self._version = 0
+        """Bumped whenever the device index gains or loses a hash (see `match_key`)."""
+        # the last prompt matched and its answer: the router, admission and the simulator
+        # ask about the same prompt with nothing changed in between
+        self._memo_hashes: tuple[int, ...] | None = None
+        self._memo_key: tuple[int, int, int] = (-1, -1, -1)
+        self._memo = PrefixMatch(0, 0)
         self.eviction.bind_index(self._index.get)
 
     # -- queries ---------------------------------------------------------------------
@@ -108,10 +122,44 @@ class KVPool:
         num_taken = list(map(self._ref.__getitem__, cached_ids)).count(0)
         return num_blocks <= self.num_free_blocks - num_taken
 
-    def match_prefix(self, hashes: Sequence[int]) -> PrefixMatch:
+    @property
+    def match_key(self) -> tuple[int, int, int]:
+        """Changes whenever a prefix match can change: the device index gains or loses a
+        hash (commit, eviction, drop, offload, prefetch, import, clear) or the host tier's
+        content changes (a new copy always counts as offloaded; losses shrink it).
+        Reference counts and eviction order do not enter a match."""
+        host = self.host
+        return (self._version, host.num_offloaded, len(host))
+
+    def match_prefix(self, hashes: Sequence[int], limit: int | None = None) -> PrefixMatch:
+        """The leading blocks of `hashes[:limit]` held here (device run, then host run).
+        A tuple's full match is remembered until `match_key` changes, so asking again
+        about the same prompt (or a prefix of it, through `limit`) costs O(1)."""
+        key = self.match_key
+        if hashes is self._memo_hashes and key == self._memo_key:
+            match = self._memo
+        elif type(hashes) is tuple:
+            match = self._match(hashes, None)
+            self._memo_hashes, self._memo_key, self._memo = hashes, key, match
+        else:
+            return self._match(hashes, limit)
+        return match if limit is None else match.truncated(limit)
+
+    def adopt_match(self, hashes: tuple[int, ...], match: PrefixMatch) -> None:
+        """Remember `match` as this pool's current match of `hashes`, computed elsewhere
+        from an exact mirror of its content (the cluster-wide block index, right after
+        asking it), so the next `match_prefix(hashes)` does not walk the prompt again."""
+        self._memo_hashes, self._memo_key, self._memo = hashes, self.match_key, match
+
+    def _match(self, hashes: Sequence[int], limit: int | None) -> PrefixMatch:
         # the leading run of indexed hashes, counted in C (prompts run to 1,000s of blocks)
+        if limit is not None and limit < len(hashes):
+            hashes = hashes[:limit]
         n = len(list(takewhile(self._index.__contains__, hashes)))
-        return PrefixMatch(n, self.host.count_run(hashes, n))
+        host = self.host
+        if not len(host) or n == len(hashes):
+            return PrefixMatch(n, 0)
+        return PrefixMatch(n, len(list(takewhile(host.__contains__, islice(hashes, n, None)))))
 
     def holds(self, block_hash: int) -> bool:
         return block_hash in self._index
@@ -196,6 +244,7 @@ class KVPool:
         if h is not None:
             if self._index.get(h) == block_id:
                 del self._index[h]
+                self._version += 1
                 if self.listener is not None:
                     self.listener.on_device(h, False)
                 if offload:
@@ -216,6 +265,7 @@ class KVPool:
             return False
         self._hash[block_id] = block_hash
         self._index[block_hash] = block_id
+        self._version += 1
         if self.listener is not None:
             self.listener.on_device(block_hash, True)
         return True
@@ -301,6 +351,7 @@ class KVPool:
                 self.listener.on_device(h, True)
             self.eviction.add(block_id, h)
             n += 1
+        self._version += n
         return n
 
     def import_cached(self, hashes: Sequence[int]) -> int:
@@ -315,6 +366,7 @@ class KVPool:
         ids = self.try_allocate(len(missing))
         assert ids is not None
         listener = self.listener
+        self._version += 1
         for block_id, h in zip(ids, missing, strict=True):
             self._hash[block_id] = h
             index[h] = block_id
@@ -331,6 +383,7 @@ class KVPool:
             self.eviction.remove(block_id)
             self._forget(block_id, offload=False)
         self._ref, self._hash, self._free = [], [], []
+        self._version += 1
         self.host.clear()
 
     # -- integrity -------------------------------------------------------------------

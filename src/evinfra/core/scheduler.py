@@ -164,10 +164,10 @@ class NodeScheduler:
         if short (nothing taken)."""
         bs = self.block_size
         target = seq.num_tokens
-        hashes = seq.known_hashes()
         # at least one token must be computed to sample from
         max_hit = (target - 1) // bs
-        match = self.pool.match_prefix(hashes[:max_hit])
+        hashes = _hashes_upto(seq, max_hit)
+        match = self.pool.match_prefix(hashes, max_hit)
         need_total = num_blocks_for(target, bs)
         hit_hashes = hashes[: match.num_device_blocks]
         num_hit = match.num_device_blocks + match.num_host_blocks
@@ -499,8 +499,8 @@ class NodeScheduler:
         seq.num_generated = num_generated
         bs = self.block_size
         computed = seq.num_tokens - 1
-        hashes = seq.known_hashes()[: computed // bs]
-        match = self.pool.match_prefix(hashes)
+        hashes = _hashes_upto(seq, computed // bs)
+        match = self.pool.match_prefix(hashes, computed // bs)
         need = num_blocks_for(computed + 1, bs) - match.num_device_blocks
         hit_hashes = hashes[: match.num_device_blocks]
         ids = self.pool.try_acquire_and_allocate(hit_hashes, need)
@@ -580,3 +580,11 @@ class NodeScheduler:
             if seq.block_ids or seq.phase is not SeqPhase.WAITING:
                 raise AssertionError(f"waiting sequence {seq.seq_id} holds blocks")
         self._decode.check_integrity(self.running)
+
+
+def _hashes_upto(seq: Sequence, num_blocks: int) -> Seq[int]:
+    """Hashes that start with `seq`'s first `num_blocks` known ones: the request's own
+    prompt tuple when that covers them (the pool remembers its match of that tuple),
+    else prompt and outputs joined."""
+    prompt = seq.request.prompt_hashes
+    return prompt if num_blocks <= len(prompt) else seq.known_hashes()

@@ -263,12 +263,23 @@ class Simulation:
 
     def _enqueue(self, node_id: int, rid: int, decode_here: bool) -> None:
         node = self.nodes[node_id]
-        node.sched.enqueue_prefill(self._inflight[rid].request, decode_here=decode_here)
+        request = self._inflight[rid].request
+        self._adopt_match(node_id, request.prompt_hashes)
+        node.sched.enqueue_prefill(request, decode_here=decode_here)
         self._kick(node, new_work=True)
+
+    def _adopt_match(self, node_id: int, hashes: tuple[int, ...]) -> None:
+        """Hand the node's pool the match the router just had from the block index (when
+        nothing changed since), so admission does not walk the prompt again."""
+        match = self.block_index.last_match(hashes, node_id)
+        if match is not None:
+            self.nodes[node_id].sched.pool.adopt_match(hashes, match)
 
     def _pull_prefix(self, src: int, dst: int, rid: int, decode_here: bool) -> None:
         """Move the prefix `src` holds and `dst` lacks, then queue the prefill on `dst`."""
         hashes = self._inflight[rid].request.prompt_hashes
+        self._adopt_match(dst, hashes)
+        self._adopt_match(src, hashes)
         have = self.nodes[dst].sched.pool.match_prefix(hashes).num_device_blocks
         held = self.nodes[src].sched.pool.match_prefix(hashes).num_device_blocks
         moving = hashes[have:held]

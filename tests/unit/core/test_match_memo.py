@@ -1,0 +1,165 @@
+"""The remembered prefix match of a prompt (KVPool and GlobalBlockIndex) must equal a fresh
+walk after every change that can alter a match: allocate and commit, free, eviction,
+drop, offload and prefetch (tier moves), import, host stores and their evictions, clear."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evinfra.core.global_index import GlobalBlockIndex
+from evinfra.core.kv_pool import KVPool, PrefixMatch
+
+PROMPT = tuple(range(0, 14))
+
+
+def make_pools(num_nodes: int = 2) -> tuple[list[KVPool], GlobalBlockIndex]:
+    pools = [KVPool(8, 4) for _ in range(num_nodes)]
+    index = GlobalBlockIndex(num_nodes)
+    for i, pool in enumerate(pools):
+        index.attach(pool, i)
+    return pools, index
+
+
+def test_a_repeated_match_does_not_walk_the_prompt_again() -> None:
+    pool = KVPool(8, 4)
+    ids = pool.try_allocate(3)
+    assert ids is not None
+    for block_id, h in zip(ids, PROMPT[:3], strict=True):
+        pool.commit(block_id, h)
+    first = pool.match_prefix(PROMPT)
+
+    def walk(*_: object) -> PrefixMatch:
+        raise AssertionError("walked the prompt again")
+
+    pool._match = walk  # type: ignore[method-assign]
+    assert pool.match_prefix(PROMPT) == first == PrefixMatch(3, 0)
+    assert pool.match_prefix(PROMPT, 2) == PrefixMatch(2, 0)
+    with pytest.raises(AssertionError, match="walked"):
+        pool.commit(pool.try_allocate(1)[0], 99)  # type: ignore[index]
+        pool.match_prefix(PROMPT)
+
+
+def test_free_alone_keeps_the_match_and_eviction_changes_it() -> None:
+    pool = KVPool(3, 0)
+    ids = pool.try_allocate(3)
+    assert ids is not None
+    for block_id, h in zip(ids, PROMPT[:3], strict=True):
+        pool.commit(block_id, h)
+    key = pool.match_key
+    pool.free(ids)  # reference counts only: the blocks stay indexed
+    assert pool.match_key == key
+    assert pool.match_prefix(PROMPT) == PrefixMatch(3, 0)
+    pool.try_allocate(1)  # evicts the tail
+    assert pool.match_key != key
+    assert pool.match_prefix(PROMPT) == PrefixMatch(2, 0)
+
+
+def test_tier_moves_change_the_match() -> None:
+    pool = KVPool(4, 4)
+    ids = pool.try_allocate(3)
+    assert ids is not None
+    for block_id, h in zip(ids, PROMPT[:3], strict=True):
+        pool.commit(block_id, h)
+    pool.free(ids)
+    assert pool.match_prefix(PROMPT) == PrefixMatch(3, 0)
+    assert pool.offload(PROMPT[1:3]) == 2  # to host
+    assert pool.match_prefix(PROMPT) == PrefixMatch(1, 2)
+    assert pool.prefetch(PROMPT[1:2]) == 1  # one back to device
+    assert pool.match_prefix(PROMPT) == PrefixMatch(2, 1)
+    pool.drop(PROMPT[2:3])  # the host copy goes
+    assert pool.match_prefix(PROMPT) == PrefixMatch(2, 0)
+    pool.store_host(PROMPT[2])
+    assert pool.match_prefix(PROMPT) == PrefixMatch(2, 1)
+    pool.clear()
+    assert pool.match_prefix(PROMPT) == PrefixMatch(0, 0)
+    assert pool.import_cached(PROMPT[:2]) == 2
+    assert pool.match_prefix(PROMPT) == PrefixMatch(2, 0)
+
+
+def test_truncated_match_is_the_match_of_the_prefix() -> None:
+    m = PrefixMatch(3, 2)
+    assert [m.truncated(k) for k in range(7)] == [
+        PrefixMatch(0, 0),
+        PrefixMatch(1, 0),
+        PrefixMatch(2, 0),
+        PrefixMatch(3, 0),
+        PrefixMatch(3, 1),
+        PrefixMatch(3, 2),
+        PrefixMatch(3, 2),
+    ]
+
+
+ops = st.lists(
+    st.tuples(
+        st.integers(0, 1),
+        st.sampled_from(
+            ["alloc", "free", "drop", "offload", "prefetch", "import", "store_host", "clear"]
+        ),
+        st.integers(0, 13),
+        st.integers(1, 5),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops)
+def test_remembered_matches_equal_a_fresh_walk_after_any_operations(
+    seq: list[tuple[int, str, int, int]],
+) -> None:
+    pools, index = make_pools()
+    held: list[list[list[int]]] = [[], []]
+    for node, op, a, b in seq:
+        pool = pools[node]
+        hashes = list(range(a, a + b))
+        if op == "alloc":  # a sequence: its cached prefix, then new blocks (may evict)
+            m = pool.match_prefix(hashes)
+            n = b - m.num_device_blocks
+            ids = pool.try_acquire_and_allocate(hashes[: m.num_device_blocks], n)
+            if ids is None:
+                continue
+            k = m.num_device_blocks
+            for blk, h in zip(ids[k:], hashes[k:], strict=True):
+                pool.commit(blk, h)
+            held[node].append(ids)
+        elif op == "free" and held[node]:
+            pool.free(held[node].pop(a % len(held[node])))
+        elif op == "drop":
+            pool.drop(hashes)
+        elif op == "offload":
+            pool.offload(hashes)
+        elif op == "prefetch":
+            pool.prefetch(hashes)
+        elif op == "import":
+            pool.import_cached(hashes)
+        elif op == "store_host":
+            for h in hashes:
+                pool.store_host(h)
+        elif op == "clear" and not held[node]:
+            pool.clear()
+        pool.check_integrity()
+        fresh = [p.match_prefix(list(PROMPT)) for p in pools]  # lists are never remembered
+        assert index.match_all(PROMPT) == fresh
+        assert index.match_all(PROMPT) == fresh  # remembered
+        for i, p in enumerate(pools):
+            assert index.last_match(PROMPT, i) == fresh[i]
+            assert p.match_prefix(PROMPT) == fresh[i]
+            assert p.match_prefix(PROMPT) == fresh[i]  # remembered
+            for limit in (0, a, len(PROMPT) - 1):
+                assert p.match_prefix(PROMPT, limit) == p.match_prefix(list(PROMPT[:limit]))
+        # a match adopted from the index is the pool's own
+        pools[1 - node].adopt_match(PROMPT, fresh[1 - node])
+        assert pools[1 - node].match_prefix(PROMPT) == fresh[1 - node]
+
+
+def test_last_match_is_forgotten_when_any_pool_changes() -> None:
+    pools, index = make_pools()
+    index.match_all(PROMPT)
+    assert index.last_match(PROMPT, 0) == PrefixMatch(0, 0)
+    assert index.last_match(tuple(PROMPT), 0) is not None  # the same tuple object
+    assert index.last_match(PROMPT[:3], 0) is None  # another prompt
+    ids = pools[1].try_allocate(1)
+    assert ids is not None
+    pools[1].commit(ids[0], PROMPT[0])
+    assert index.last_match(PROMPT, 0) is None
+    assert index.match_all(PROMPT) == [PrefixMatch(0, 0), PrefixMatch(1, 0)]
