@@ -38,6 +38,11 @@ class PrefixMatch:
         return PrefixMatch(device, num_blocks - device)
 
 
+_Memo = tuple[tuple[int, ...], int, int, int, int, PrefixMatch]
+"""(prompt, version, removals, host copies offloaded, host size, match) when matched."""
+_MAX_MEMOS = 256
+
+
 class PoolListenerLike(Protocol):
     def on_device(self, block_hash: int, present: bool) -> None: ...
 
@@ -72,11 +77,11 @@ class KVPool:
         """Told of every hash indexed or forgotten (the cluster-wide block index)."""
         self._version = 0
         """Bumped whenever the device index gains or loses a hash (see `match_key`)."""
-        # the last prompt matched and its answer: the router, admission and the simulator
-        # ask about the same prompt with nothing changed in between
-        self._memo_hashes: tuple[int, ...] | None = None
-        self._memo_key: tuple[int, int, int] = (-1, -1, -1)
-        self._memo = PrefixMatch(0, 0)
+        self._num_removals = 0
+        """Bumped whenever the device index loses a hash: until then matches only grow."""
+        # recent prompts' matches by tuple identity (the tuple is held, so its id is not
+        # reused): the router, admission and the simulator ask about the same prompt
+        self._memos: dict[int, _Memo] = {}
         self.eviction.bind_index(self._index.get)
 
     # -- queries ---------------------------------------------------------------------
@@ -133,29 +138,52 @@ class KVPool:
 
     def match_prefix(self, hashes: Sequence[int], limit: int | None = None) -> PrefixMatch:
         """The leading blocks of `hashes[:limit]` held here (device run, then host run).
-        A tuple's full match is remembered until `match_key` changes, so asking again
-        about the same prompt (or a prefix of it, through `limit`) costs O(1)."""
-        key = self.match_key
-        if hashes is self._memo_hashes and key == self._memo_key:
-            match = self._memo
-        elif type(hashes) is tuple:
-            match = self._match(hashes, None)
-            self._memo_hashes, self._memo_key, self._memo = hashes, key, match
-        else:
+        A tuple's full match is remembered: asked again about the same prompt (or a
+        prefix of it, through `limit`) it costs O(1) while `match_key` holds, and O(new
+        blocks) when the pool has only gained content since (no device hash or host copy
+        lost: the device run can only have grown)."""
+        if type(hashes) is not tuple:
             return self._match(hashes, limit)
+        host = self.host
+        memo = self._memos.get(id(hashes))
+        if memo is None or memo[0] is not hashes:
+            match = self._match(hashes, None)
+        elif memo[1] == self._version and memo[3] == host.num_offloaded and memo[4] == len(host):
+            match = memo[5]
+        elif memo[2] == self._num_removals and host.num_offloaded - memo[3] == len(host) - memo[4]:
+            match = self._match(hashes, None, memo[5].num_device_blocks)
+        else:
+            match = self._match(hashes, None)
+        self._remember(hashes, match)
         return match if limit is None else match.truncated(limit)
 
     def adopt_match(self, hashes: tuple[int, ...], match: PrefixMatch) -> None:
         """Remember `match` as this pool's current match of `hashes`, computed elsewhere
         from an exact mirror of its content (the cluster-wide block index, right after
         asking it), so the next `match_prefix(hashes)` does not walk the prompt again."""
-        self._memo_hashes, self._memo_key, self._memo = hashes, self.match_key, match
+        self._remember(hashes, match)
 
-    def _match(self, hashes: Sequence[int], limit: int | None) -> PrefixMatch:
-        # the leading run of indexed hashes, counted in C (prompts run to 1,000s of blocks)
+    def _remember(self, hashes: tuple[int, ...], match: PrefixMatch) -> None:
+        memos = self._memos
+        if len(memos) >= _MAX_MEMOS and id(hashes) not in memos:
+            del memos[next(iter(memos))]  # the oldest
+        host = self.host
+        memos[id(hashes)] = (
+            hashes,
+            self._version,
+            self._num_removals,
+            host.num_offloaded,
+            len(host),
+            match,
+        )
+
+    def _match(self, hashes: Sequence[int], limit: int | None, start: int = 0) -> PrefixMatch:
+        # the leading run of indexed hashes, counted in C (prompts run to 1,000s of blocks);
+        # the first `start` are known to be indexed
         if limit is not None and limit < len(hashes):
             hashes = hashes[:limit]
-        n = len(list(takewhile(self._index.__contains__, hashes)))
+        index = self._index
+        n = start + len(list(takewhile(index.__contains__, islice(hashes, start, None))))
         host = self.host
         if not len(host) or n == len(hashes):
             return PrefixMatch(n, 0)
@@ -245,6 +273,7 @@ class KVPool:
             if self._index.get(h) == block_id:
                 del self._index[h]
                 self._version += 1
+                self._num_removals += 1
                 if self.listener is not None:
                     self.listener.on_device(h, False)
                 if offload:
@@ -384,6 +413,7 @@ class KVPool:
             self._forget(block_id, offload=False)
         self._ref, self._hash, self._free = [], [], []
         self._version += 1
+        self._num_removals += 1
         self.host.clear()
 
     # -- integrity -------------------------------------------------------------------

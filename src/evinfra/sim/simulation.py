@@ -250,6 +250,8 @@ class Simulation:
         rec = self.metrics.records[rid]
         rec.prefill_node, rec.decode_node = route.prefill_node, route.decode_node
         self._inflight[rid] = _Inflight(run, index, req, route.decode_node)
+        if route.decode_node != route.prefill_node:  # it reserves the prompt's KV later
+            self._adopt_match(route.decode_node, req.prompt_hashes)
         src = route.pull_from_node
         if src is not None and src != route.prefill_node:
             self._pull_prefix(src, route.prefill_node, rid, not route.is_disaggregated)

@@ -10,6 +10,7 @@ from evinfra.core.global_index import GlobalBlockIndex
 from evinfra.core.kv_pool import KVPool, PrefixMatch
 
 PROMPT = tuple(range(0, 14))
+OTHER = tuple(range(4, 18))
 
 
 def make_pools(num_nodes: int = 2) -> tuple[list[KVPool], GlobalBlockIndex]:
@@ -76,6 +77,30 @@ def test_tier_moves_change_the_match() -> None:
     assert pool.match_prefix(PROMPT) == PrefixMatch(2, 0)
 
 
+def test_a_pool_that_only_gained_content_walks_only_past_the_old_match() -> None:
+    pool = KVPool(8, 4)
+    ids = pool.try_allocate(4)
+    assert ids is not None
+    for block_id, h in zip(ids[:2], PROMPT[:2], strict=True):
+        pool.commit(block_id, h)
+    assert pool.match_prefix(PROMPT) == PrefixMatch(2, 0)
+    starts: list[int] = []
+    walk = pool._match
+
+    def spy(hashes: tuple[int, ...], limit: int | None, start: int = 0) -> PrefixMatch:
+        starts.append(start)
+        return walk(hashes, limit, start)
+
+    pool._match = spy  # type: ignore[method-assign]
+    pool.commit(ids[2], PROMPT[2])
+    pool.commit(ids[3], 99)
+    assert pool.match_prefix(PROMPT) == PrefixMatch(3, 0)
+    pool.free(ids)
+    pool.drop([99])  # a loss: the whole prompt is walked again
+    assert pool.match_prefix(PROMPT) == PrefixMatch(3, 0)
+    assert starts == [2, 0]
+
+
 def test_truncated_match_is_the_match_of_the_prefix() -> None:
     m = PrefixMatch(3, 2)
     assert [m.truncated(k) for k in range(7)] == [
@@ -138,6 +163,8 @@ def test_remembered_matches_equal_a_fresh_walk_after_any_operations(
         elif op == "clear" and not held[node]:
             pool.clear()
         pool.check_integrity()
+        for p in pools:  # another prompt remembered alongside
+            assert p.match_prefix(OTHER) == p.match_prefix(list(OTHER))
         fresh = [p.match_prefix(list(PROMPT)) for p in pools]  # lists are never remembered
         assert index.match_all(PROMPT) == fresh
         assert index.match_all(PROMPT) == fresh  # remembered
