@@ -21,12 +21,18 @@ def make_pools(num_nodes: int = 2) -> tuple[list[KVPool], GlobalBlockIndex]:
     return pools, index
 
 
+def committed(pool: KVPool, num_blocks: int) -> list[int]:
+    """Allocate `num_blocks` and commit them as PROMPT's first blocks."""
+    ids = pool.try_allocate(num_blocks)
+    assert ids is not None
+    for block_id, h in zip(ids, PROMPT[:num_blocks], strict=True):
+        pool.commit(block_id, h)
+    return ids
+
+
 def test_a_repeated_match_does_not_walk_the_prompt_again() -> None:
     pool = KVPool(8, 4)
-    ids = pool.try_allocate(3)
-    assert ids is not None
-    for block_id, h in zip(ids, PROMPT[:3], strict=True):
-        pool.commit(block_id, h)
+    committed(pool, 3)
     first = pool.match_prefix(PROMPT)
 
     def walk(*_: object) -> PrefixMatch:
@@ -42,10 +48,7 @@ def test_a_repeated_match_does_not_walk_the_prompt_again() -> None:
 
 def test_free_alone_keeps_the_match_and_eviction_changes_it() -> None:
     pool = KVPool(3, 0)
-    ids = pool.try_allocate(3)
-    assert ids is not None
-    for block_id, h in zip(ids, PROMPT[:3], strict=True):
-        pool.commit(block_id, h)
+    ids = committed(pool, 3)
     key = pool.match_key
     pool.free(ids)  # reference counts only: the blocks stay indexed
     assert pool.match_key == key
@@ -57,10 +60,7 @@ def test_free_alone_keeps_the_match_and_eviction_changes_it() -> None:
 
 def test_tier_moves_change_the_match() -> None:
     pool = KVPool(4, 4)
-    ids = pool.try_allocate(3)
-    assert ids is not None
-    for block_id, h in zip(ids, PROMPT[:3], strict=True):
-        pool.commit(block_id, h)
+    ids = committed(pool, 3)
     pool.free(ids)
     assert pool.match_prefix(PROMPT) == PrefixMatch(3, 0)
     assert pool.offload(PROMPT[1:3]) == 2  # to host
