@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from evinfra.bench.scenario import ScenarioError, load_scenario
+from evinfra.bench.scenario import Scenario, ScenarioError, load_scenario
 from evinfra.sim.config import ConfigError
 
 
@@ -37,10 +37,31 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         help="run these seeds instead of the scenario's (e.g. --seeds 0: one full-length seed)",
     )
     p.add_argument(
+        "--systems",
+        nargs="+",
+        metavar="LABEL",
+        help="run only these of the scenario's systems, by label (e.g. --systems evolving"
+        " dynamo: the two a ratio needs)",
+    )
+    p.add_argument(
         "--resume", action="store_true", help="reuse runs already stored in --out (same config)"
     )
     p.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNGs")
     p.set_defaults(handler=run_bench_command)
+
+
+def only_systems(scenario: Scenario, labels: list[str]) -> Scenario:
+    """The scenario with only the systems of these labels, in the scenario's order."""
+    known = scenario.labels
+    unknown = [x for x in labels if x not in known]
+    if unknown:
+        raise ScenarioError(
+            f"--systems: {', '.join(unknown)} not in {scenario.name} (it has {', '.join(known)})"
+        )
+    if len(set(labels)) != len(labels):
+        raise ScenarioError("--systems: duplicate label")
+    kept = [s for s, label in zip(scenario.systems, known, strict=True) if label in labels]
+    return scenario.model_copy(update={"systems": kept})
 
 
 def reproduce_command(args: argparse.Namespace, out: Path) -> str:
@@ -49,6 +70,8 @@ def reproduce_command(args: argparse.Namespace, out: Path) -> str:
         parts.append("--quick")
     if args.seeds:
         parts += ["--seeds", *map(str, args.seeds)]
+    if args.systems:
+        parts += ["--systems", *args.systems]
     return shlex.join(parts)
 
 
@@ -69,6 +92,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
             print("evinfra bench: error: --seeds: duplicate seed", file=sys.stderr)
             return 2
         scenario = scenario.model_copy(update={"seeds": list(args.seeds)})
+    if args.systems:
+        try:
+            scenario = only_systems(scenario, args.systems)
+        except ScenarioError as exc:
+            print(f"evinfra bench: error: {exc}", file=sys.stderr)
+            return 2
     out = Path(args.out) if args.out else Path("runs") / scenario.name
 
     def log(line: str) -> None:

@@ -156,6 +156,27 @@ def test_cli_seeds_override(
     assert "--seeds: duplicate seed" in capsys.readouterr().err
 
 
+def test_cli_systems_subset(
+    tmp_path: Path, scenario_data: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario_data["systems"] = ["evolving", "dynamo", "oracle"]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario_data))
+    out = tmp_path / "out"
+    argv = [str(path), "--out", str(out), "--jobs", "1", "--no-plots"]
+    assert run_cli([*argv, "--systems", "oracle", "dynamo"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["systems"]) == ["dynamo", "oracle"]  # the scenario's order
+    assert results["systems"]["oracle"]["ratio_vs_dynamo"]["mean_e2e_s"] > 0
+    assert "--systems oracle dynamo" in (out / "report.md").read_text()
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["dynamo__seed0", "oracle__seed0"]
+    assert run_cli([*argv, "--systems", "evolving", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "--systems: nope not in tiny (it has evolving, dynamo, oracle)" in err
+    assert run_cli([*argv, "--systems", "oracle", "oracle"]) == 2
+    assert "--systems: duplicate label" in capsys.readouterr().err
+
+
 def test_mooncake_trace_scenario_expands() -> None:
     path = REPO / "benchmarks" / "mooncake-conversation.yaml"
     trace = REPO.parent / "shared" / "traces" / "mooncake_fast25" / "conversation_trace.jsonl"
