@@ -11,7 +11,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import accumulate, repeat, takewhile
-from operator import and_, neg
+from operator import and_, neg, or_
 from typing import Protocol
 
 from evinfra.core.kv_pool import KVPool, PrefixMatch
@@ -23,6 +23,9 @@ class PoolListener(Protocol):
 
     def on_host(self, block_hash: int, present: bool) -> None:
         """The pool's host tier gained or lost `block_hash`."""
+
+    def on_device_many(self, block_hashes: Sequence[int], present: bool) -> None:
+        """`on_device` for each hash in turn (a pool's commits or imports at once)."""
 
 
 class _NodeListener:
@@ -40,6 +43,16 @@ class _NodeListener:
 
     def on_host(self, block_hash: int, present: bool) -> None:
         _flip(self._host, block_hash, self._bit, present)
+        self._owner.version += 1
+
+    def on_device_many(self, block_hashes: Sequence[int], present: bool) -> None:
+        table, bit = self._device, self._bit
+        if present:  # setting a bit never empties a mask: one dict update, in C
+            masks = map(or_, map(table.get, block_hashes, repeat(0)), repeat(bit))
+            table.update(zip(block_hashes, masks, strict=True))
+        else:
+            for h in block_hashes:
+                _flip(table, h, bit, False)
         self._owner.version += 1
 
 

@@ -48,6 +48,8 @@ class PoolListenerLike(Protocol):
 
     def on_host(self, block_hash: int, present: bool) -> None: ...
 
+    def on_device_many(self, block_hashes: Sequence[int], present: bool) -> None: ...
+
 
 class KVPool:
     def __init__(
@@ -230,12 +232,15 @@ class KVPool:
         # the hot path of every cache hit: unused blocks leave the eviction candidates in
         # one call, then every reference count goes up
         ref = self._ref
-        newly_used = [b for b in ids if not ref[b]]
+        newly_used: list[int] = []
+        for block_id in ids:
+            count = ref[block_id]
+            if not count:
+                newly_used.append(block_id)
+            ref[block_id] = count + 1
         if newly_used:
             self.eviction.remove_many(newly_used)
             self._num_in_use += len(newly_used)
-        for block_id in ids:
-            ref[block_id] += 1
 
     def try_allocate(self, num_blocks: int) -> list[int] | None:
         """Take `num_blocks` empty blocks, evicting cached ones if needed; None if short.
@@ -298,6 +303,26 @@ class KVPool:
         if self.listener is not None:
             self.listener.on_device(block_hash, True)
         return True
+
+    def commit_many(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> int:
+        """`commit` each block with its hash, in order (a sequence's newly computed full
+        blocks); the listener hears of the new hashes in one call. Returns how many
+        blocks took their hash into the index."""
+        refs, held, index = self._ref, self._hash, self._index
+        added: list[int] = []
+        for block_id, block_hash in zip(block_ids, block_hashes, strict=True):
+            if refs[block_id] <= 0:
+                raise ValueError(f"commit on block {block_id} which is not in use")
+            if held[block_id] is not None or block_hash in index:
+                continue
+            held[block_id] = block_hash
+            index[block_hash] = block_id
+            added.append(block_hash)
+        if added:
+            self._version += len(added)
+            if self.listener is not None:
+                self.listener.on_device_many(added, True)
+        return len(added)
 
     def store_host(self, block_hash: int) -> None:
         """Write-through offload: copy a block's content to the host tier now."""
@@ -394,13 +419,13 @@ class KVPool:
             return 0
         ids = self.try_allocate(len(missing))
         assert ids is not None
-        listener = self.listener
         self._version += 1
+        held = self._hash
         for block_id, h in zip(ids, missing, strict=True):
-            self._hash[block_id] = h
-            index[h] = block_id
-            if listener is not None:
-                listener.on_device(h, True)
+            held[block_id] = h
+        index.update(zip(missing, ids, strict=True))
+        if self.listener is not None:
+            self.listener.on_device_many(missing, True)
         self.free(ids)  # unused now: cached, evictable tail first
         return len(missing)
 

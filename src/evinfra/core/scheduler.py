@@ -184,9 +184,8 @@ class NodeScheduler:
         ids = self.pool.try_acquire_and_allocate(hit_hashes, need - match.num_device_blocks)
         if ids is None:
             return None
-        start = match.num_device_blocks
-        for i in range(match.num_host_blocks):
-            self.pool.commit(ids[start + i], hashes[start + i])
+        start, end = match.num_device_blocks, num_hit
+        self.pool.commit_many(ids[start:end], hashes[start:end])
         seq.block_ids = ids
         seq.num_committed_blocks = num_hit  # cached and onboarded blocks are indexed
         seq.num_computed_tokens = num_hit * bs
@@ -362,15 +361,13 @@ class NodeScheduler:
         self.num_preemptions += 1
 
     def _commit_computed(self, seq: Sequence) -> None:
-        bs = self.block_size
-        end = min(len(seq.block_ids), seq.num_computed_tokens // bs)
-        for i in range(seq.num_committed_blocks, end):
-            h = seq.block_hash(i)
-            if h is None:
-                end = i
-                break
-            self.pool.commit(seq.block_ids[i], h)
-        seq.num_committed_blocks = max(seq.num_committed_blocks, end)
+        start = seq.num_committed_blocks
+        end = min(len(seq.block_ids), seq.num_computed_tokens // self.block_size)
+        if end > start:
+            hashes = seq.known_hashes_between(start, end)  # up to the first unknown
+            end = start + len(hashes)
+            self.pool.commit_many(seq.block_ids[start:end], hashes)
+            seq.num_committed_blocks = end
 
     def _release(self, seq: Sequence) -> None:
         self._commit_computed(seq)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence as Seq
 
 from evinfra.core.blocks import num_blocks_for
 from evinfra.core.types import Request
@@ -130,6 +131,15 @@ class Sequence:
             return req.prompt_hashes[index]
         j = index - n
         return self.output_hashes[j] if j < len(self.output_hashes) else None
+
+    def known_hashes_between(self, start: int, end: int) -> Seq[int]:
+        """Content hashes of blocks `start` up to `end` (exclusive), stopping at the first
+        whose content is not known yet."""
+        prompt = self.request.prompt_hashes
+        n = len(prompt)
+        if end <= n:
+            return prompt[start:end]
+        return [*prompt[start:n], *self.output_hashes[max(start - n, 0) : end - n]]
 
     def known_hashes(self) -> tuple[int, ...]:
         return self.request.prompt_hashes + tuple(self.output_hashes)

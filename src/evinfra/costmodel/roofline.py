@@ -43,6 +43,7 @@ FloatArray = npt.NDArray[np.float64]
 
 _DISPATCH_BYTES_PER_ELEM = 1.0 + 4.0 / 128  # FP8 activations with one FP32 scale per 128
 _COMBINE_BYTES_PER_ELEM = 2.0  # BF16
+_MAX_RUN_MEMOS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +138,8 @@ class RooflineCostModel:
         self._hbm_bytes_s = gpu.hbm_bandwidth_bytes_s * self.efficiency.hbm
         self._comm_prefill_token_s = self._comm_seconds_per_token(prefill=True)
         self._comm_decode_token_s = self._comm_seconds_per_token(prefill=False)
+        self._run_memo: dict[tuple[int, int], FloatArray] = {}
+        """Per-step times of recent decode runs by (num_seqs, num_context_tokens)."""
         eff = self.efficiency
         self._fixed_s = eff.step_overhead_s + layers * eff.layer_overhead_s
 
@@ -150,25 +153,34 @@ class RooflineCostModel:
         return self.node.device_kv_bytes_per_token
 
     def step_time_s(self, batch: BatchShape) -> float:
-        """Seconds one engine step of `batch` takes (0 for an empty batch)."""
+        """Seconds one engine step of `batch` takes (0 for an empty batch). In Python
+        floats: the same operations as `_times` on one context, so the same bits."""
         if batch.is_empty:
             return 0.0
-        times = self._times(
-            batch.prefill_chunks,
-            batch.num_decode_seqs,
-            np.array([float(batch.num_decode_context_tokens)]),
+        return self._step_time_scalar(
+            batch.prefill_chunks, batch.num_decode_seqs, float(batch.num_decode_context_tokens)
         )
-        return float(times[0])
 
     def decode_run_time_s(
         self, num_seqs: int, num_context_tokens: int, num_kv_tokens: int, num_steps: int
     ) -> float:
         """Seconds of `num_steps` decode steps; step i sees contexts summing to
-        `num_context_tokens + i * num_seqs`. Vectorised: O(num_steps) numpy, no Python loop."""
+        `num_context_tokens + i * num_seqs`. Vectorised: O(num_steps) numpy, no Python loop.
+        A run's step times are remembered by (num_seqs, num_context_tokens): the simulator
+        asks again for its first n steps when it cuts the run (a slice's sum is the sum of
+        the same values, in the same order)."""
         if num_steps <= 0 or num_seqs <= 0:
             return 0.0
-        contexts = num_context_tokens + num_seqs * np.arange(num_steps, dtype=np.float64)
-        return float(self._times((), num_seqs, contexts).sum())
+        key = (num_seqs, num_context_tokens)
+        times = self._run_memo.get(key)
+        if times is None or len(times) < num_steps:
+            contexts = num_context_tokens + num_seqs * np.arange(num_steps, dtype=np.float64)
+            times = self._times((), num_seqs, contexts)
+            memo = self._run_memo
+            if len(memo) >= _MAX_RUN_MEMOS and key not in memo:
+                del memo[next(iter(memo))]  # the oldest
+            memo[key] = times
+        return float(times[:num_steps].sum())
 
     # ---- components ----
     def _comm_seconds_per_token(self, prefill: bool) -> float:
@@ -260,6 +272,40 @@ class RooflineCostModel:
         memory = (weight_bytes + prefill_kv + decode_kv) / self._hbm_bytes_s
         comm = num_prefill * self._comm_prefill_token_s + num_seqs * self._comm_decode_token_s
         return compute, memory, comm
+
+    def _step_time_scalar(
+        self, chunks: tuple[PrefillChunk, ...], num_seqs: int, context: float
+    ) -> float:
+        """`_times` of one decode context sum, operation for operation in Python floats
+        (a numpy call per operation costs more than the arithmetic)."""
+        eff = self.efficiency
+        num_prefill = sum(c.num_new_tokens for c in chunks)
+        prefill_s, prefill_kv = self._prefill_work(chunks)
+        prefill_s += num_prefill * self._token_s
+        decode_s = 0.0
+        decode_kv = 0.0
+        if num_seqs > 0:
+            attended = context
+            if self._cap is not None:
+                attended = num_seqs * min(context / num_seqs, float(self._cap))
+            decode_s = (
+                num_seqs * (self._token_s + self._logit_s)
+                + attended * self._decode_pair_s
+                + context * self._indexer_pair_s
+            )
+            decode_kv = (
+                attended * self._attn_kv_bytes
+                + context * self._indexer_kv_bytes
+                + num_seqs * (self._attn_kv_bytes + self._indexer_kv_bytes)
+            )
+        compute = prefill_s / eff.prefill_flops + decode_s / eff.decode_flops
+        experts = self._distinct_experts(num_prefill + num_seqs)
+        weight_bytes = self._fixed_weight_bytes + experts * self._expert_bytes
+        memory = (weight_bytes + prefill_kv + decode_kv) / self._hbm_bytes_s
+        comm = num_prefill * self._comm_prefill_token_s + num_seqs * self._comm_decode_token_s
+        hidden = eff.comm_overlap * comm
+        core = max(compute, memory)
+        return max(core, hidden) + (comm - hidden) + self._fixed_s
 
     def _times(
         self, chunks: tuple[PrefillChunk, ...], num_seqs: int, contexts: FloatArray
