@@ -5,7 +5,10 @@ against the baseline and the floor (the lower of the oracle variants run).
     .venv/bin/python benchmarks/reference/summarize.py runs/ref-kimi-k2-*-s0
     .venv/bin/python benchmarks/reference/summarize.py runs/ref-* --plot ratios.png
 
-A folder without results.json is reported and skipped. With `--plot PNG` it also draws
+A scenario given in several folders (one seed each: `runs/ref-x-s0 runs/ref-x-s1 ...`)
+also gets a row in a second table: `evolving`'s ratios against the baseline on each seed,
+their geometric mean and range. A folder without results.json is reported and skipped.
+With `--plot PNG` it also draws
 each scenario's ratios against the baseline (mean e2e and P95 TTFT, one bar per system
 shown, log scale) with the reference result's targets as lines; nothing else is written.
 """
@@ -87,6 +90,36 @@ def ratios(results: dict[str, Any], metric: str) -> dict[str, float]:
     return out
 
 
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def seed_rows(all_results: list[dict[str, Any]], system: str = "evolving") -> list[str]:
+    """One row per scenario found in more than one folder: `system`'s ratios against the
+    baseline (mean e2e, P95 TTFT) per seed, their geometric mean and range."""
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for results in all_results:
+        by_name.setdefault(str(results["scenario"]), []).append(results)
+    rows = []
+    for name, group in by_name.items():
+        if len(group) < 2:
+            continue
+        seeds = [s for r in group for s in r["seeds"]]
+        cells = [f"{name} (seeds {','.join(map(str, seeds))})"]
+        for metric in TARGETS:
+            values = [ratios(r, metric).get(system) for r in group]
+            known = [v for v in values if v is not None]
+            if len(known) < len(values):
+                cells.append("— (a seed lacks it)")
+                continue
+            per_seed = ", ".join(f"{v:.3g}x" for v in known)
+            cells.append(
+                f"**{geomean(known):.3g}x** ({min(known):.3g}x-{max(known):.3g}x; {per_seed})"
+            )
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
 def _minor_label(value: float, _pos: object) -> str:
     """2x, 5x, 20x, ... between the decades; nothing at the other minor ticks."""
     mantissa = value / 10 ** math.floor(math.log10(value)) if value > 0 else 0.0
@@ -160,6 +193,13 @@ def main(argv: list[str] | None = None) -> int:
             continue
         found.append(json.loads(path.read_text()))
         print(row(found[-1]))
+    across = seed_rows(found)
+    if across:
+        print(
+            "\nAcross seeds, evolving against the baseline (geometric mean, range, per seed):\n\n"
+            "| scenario | mean e2e | P95 TTFT |\n| --- | --- | --- |"
+        )
+        print("\n".join(across))
     if args.plot is not None and found:
         plot(found, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)

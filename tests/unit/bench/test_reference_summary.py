@@ -30,12 +30,12 @@ def block(e2e: float, ttft: float, ratio: float | None = None) -> dict[str, Any]
     }
 
 
-def stored(folder: Path, scenario: str, systems: dict[str, Any]) -> dict[str, Any]:
-    """A bench folder's results.json at 3 sessions/s, seed 0, written and returned."""
+def stored(folder: Path, scenario: str, systems: dict[str, Any], seed: int = 0) -> dict[str, Any]:
+    """A bench folder's results.json at 3 sessions/s, one seed, written and returned."""
     results = {
         "scenario": scenario,
         "config": {"session_rate": 3.0},
-        "seeds": [0],
+        "seeds": [seed],
         "baseline": "dynamo",
         "floor": "oracle",
         "command": "evinfra bench x.yaml",
@@ -79,3 +79,19 @@ def test_plot_draws_every_scenarios_ratios(tmp_path: Path) -> None:
     assert module.main([str(tmp_path / "ref-a"), str(tmp_path / "ref-b"), "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 10_000
+
+
+def test_seeds_in_separate_folders_get_a_geometric_mean(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for seed, ratio in ((0, 2.0), (1, 0.5), (2, 1.0)):
+        systems = {"evolving": block(5.0, 0.2, ratio), "dynamo": block(10.0, 4.0)}
+        stored(tmp_path / f"x-s{seed}", "ref-x", systems, seed)
+    stored(tmp_path / "y-s0", "ref-y", {"evolving": block(5.0, 0.2, 3.0), "dynamo": block(1, 1)})
+    folders = [str(tmp_path / n) for n in ("x-s0", "x-s1", "x-s2", "y-s0")]
+    assert load().main(folders) == 0
+    out = capsys.readouterr().out
+    across = out.split("Across seeds")[1]
+    # geomean of 2, 0.5, 1 is 1: one row, only for the scenario with several seeds
+    assert "| ref-x (seeds 0,1,2) | **1x** (0.5x-2x; 2x, 0.5x, 1x) |" in across
+    assert "ref-y" not in across
