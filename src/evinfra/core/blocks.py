@@ -78,7 +78,20 @@ def num_blocks_for(num_tokens: int, block_size: int) -> int:
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Number of leading equal entries of two hash lists."""
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if type(a) is not type(b) or type(a) not in (tuple, list):
+        i = 0
+        while i < n and a[i] == b[i]:
+            i += 1
+        return i
+    # slices compare in C; a context usually extends the other (one comparison), else
+    # bisect for the first difference: a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

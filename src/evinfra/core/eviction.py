@@ -9,10 +9,11 @@ lazy deletion, and accept new scores when the signals behind them change.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from itertools import count, repeat
+from itertools import count
 from typing import Protocol
+
+from evinfra.core.run_queue import RunQueue
 
 
 class EvictionPolicy(Protocol):
@@ -43,34 +44,30 @@ class LRUEviction:
     """Least recently freed goes first; ties follow the order of `add` calls."""
 
     def __init__(self) -> None:
-        self._order: OrderedDict[int, None] = OrderedDict()
+        self._order = RunQueue()
 
     def add(self, block_id: int, block_hash: int) -> None:
-        self._order[block_id] = None
+        self._order.add(block_id, block_hash)
 
     def remove(self, block_id: int) -> None:
-        self._order.pop(block_id, None)
+        self._order.remove(block_id)
 
     def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> None:
-        self._order.update(zip(block_ids, repeat(None)))
+        self._order.add_many(block_ids, block_hashes)
 
     def remove_many(self, block_ids: Sequence[int]) -> None:
-        pop = self._order.pop
-        for block_id in block_ids:
-            pop(block_id, None)
+        self._order.remove_many(block_ids)
 
     def bind_index(self, block_of: Callable[[int], int | None]) -> None:
         """LRU never looks hashes up."""
 
     def pop(self) -> int | None:
-        if not self._order:
-            return None
-        block_id, _ = self._order.popitem(last=False)
-        return block_id
+        oldest = self._order.pop_front()
+        return None if oldest is None else oldest[0]
 
     def order(self) -> list[int]:
         """The current eviction order, first victim first (for tests and debugging)."""
-        return list(self._order)
+        return [block_id for block_id, _ in self._order.items()]
 
     def __len__(self) -> int:
         return len(self._order)

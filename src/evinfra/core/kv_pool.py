@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import islice, takewhile
+from itertools import compress, islice, takewhile
+from operator import not_
 from typing import Protocol
 
 from evinfra.core.eviction import EvictionPolicy, LRUEviction
@@ -220,27 +221,30 @@ class KVPool:
         nothing: None (and nothing taken) when the new blocks would not fit once the
         cached ones are held. The cached blocks come first in the list returned."""
         ids = list(map(self._index.__getitem__, cached_hashes))
-        if not self._fits_after(num_new, ids):
+        counts = list(map(self._ref.__getitem__, ids))
+        num_unused = counts.count(0)
+        if num_new > self.num_free_blocks - num_unused:
             return None
-        self._acquire(ids)
+        self._acquire_counted(ids, counts, num_unused)
         new_ids = self.try_allocate(num_new)
         assert new_ids is not None
         ids += new_ids
         return ids
 
     def _acquire(self, ids: list[int]) -> None:
-        # the hot path of every cache hit: unused blocks leave the eviction candidates in
-        # one call, then every reference count goes up
+        counts = list(map(self._ref.__getitem__, ids))
+        self._acquire_counted(ids, counts, counts.count(0))
+
+    def _acquire_counted(self, ids: list[int], counts: list[int], num_unused: int) -> None:
+        # the hot path of every cache hit, given the blocks' reference counts: unused
+        # blocks leave the eviction candidates in one call, then every count goes up
+        # (the blocks of a prefix are distinct: chained hashes never repeat in one)
+        if num_unused:
+            self.eviction.remove_many(list(compress(ids, map(not_, counts))))
+            self._num_in_use += num_unused
         ref = self._ref
-        newly_used: list[int] = []
-        for block_id in ids:
-            count = ref[block_id]
-            if not count:
-                newly_used.append(block_id)
+        for block_id, count in zip(ids, counts, strict=True):
             ref[block_id] = count + 1
-        if newly_used:
-            self.eviction.remove_many(newly_used)
-            self._num_in_use += len(newly_used)
 
     def try_allocate(self, num_blocks: int) -> list[int] | None:
         """Take `num_blocks` empty blocks, evicting cached ones if needed; None if short.
@@ -389,24 +393,27 @@ class KVPool:
         """Bring host copies of `hashes` into empty device blocks (never evicting), as
         cached unused blocks. Stops at the first hash the host lacks or when no empty block
         is left. Returns blocks brought in."""
-        n = 0
+        ids: list[int] = []
+        brought: list[int] = []
+        index, host = self._index, self.host
         for h in hashes:
-            if h in self._index:
+            if h in index:
                 continue
-            if h not in self.host:
+            if h not in host:
                 break
-            empty = self._take_empty()
-            if empty is None:
+            block_id = self._take_empty()
+            if block_id is None:
                 break
-            block_id = empty
             self._hash[block_id] = h
-            self._index[h] = block_id
+            index[h] = block_id
+            ids.append(block_id)
+            brought.append(h)
+        if brought:
             if self.listener is not None:
-                self.listener.on_device(h, True)
-            self.eviction.add(block_id, h)
-            n += 1
-        self._version += n
-        return n
+                self.listener.on_device_many(brought, True)
+            self.eviction.add_many(ids, brought)
+            self._version += len(brought)
+        return len(brought)
 
     def import_cached(self, hashes: Sequence[int]) -> int:
         """Install content received from another node as cached unused blocks, evicting

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
 from evinfra.core.eviction import BlockScorer
+from evinfra.core.run_queue import RunQueue
 
 _MISSING = object()
 
@@ -29,8 +30,8 @@ class TieredEviction:
         self._tier_index = {score: i for i, score in enumerate(tiers)}
         self._tiers: list[OrderedDict[int, int]] = [OrderedDict() for _ in tiers]
         """Per tier, block id -> hash, in the order they entered the tier."""
-        self._pending: OrderedDict[int, int] = OrderedDict()
-        """Block id -> hash, freed and not scored yet, oldest first."""
+        self._pending = RunQueue()
+        """Blocks freed and not scored yet, with their hashes, oldest first."""
         self._block_of: Callable[[int], int | None] | None = None
         self.num_scored = 0
 
@@ -46,24 +47,23 @@ class TieredEviction:
         return index
 
     def add(self, block_id: int, block_hash: int) -> None:
-        self._pending[block_id] = block_hash
+        self._pending.add(block_id, block_hash)
 
     def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> None:
-        self._pending.update(zip(block_ids, block_hashes, strict=True))
+        self._pending.add_many(block_ids, block_hashes)
 
     def remove(self, block_id: int) -> None:
-        if self._pending.pop(block_id, _MISSING) is _MISSING:
+        if not self._pending.remove(block_id):
             for tier in self._tiers:
                 if tier.pop(block_id, _MISSING) is not _MISSING:
                     return
 
     def remove_many(self, block_ids: Sequence[int]) -> None:
-        pending_pop, tiers = self._pending.pop, self._tiers
-        for block_id in block_ids:
-            if pending_pop(block_id, _MISSING) is _MISSING:
-                for tier in tiers:
-                    if tier.pop(block_id, _MISSING) is not _MISSING:
-                        break
+        tiers = self._tiers
+        for block_id in self._pending.remove_many(block_ids):  # those scored already
+            for tier in tiers:
+                if tier.pop(block_id, _MISSING) is not _MISSING:
+                    break
 
     def pop(self) -> int | None:
         """The oldest block of the lowest tier, its tier read again first (a block whose
@@ -74,8 +74,10 @@ class TieredEviction:
         # every block freed after it (they would enter a tier after it)
         just_scored = None
         while True:
-            while not floor and pending:
-                just_scored, block_hash = pending.popitem(last=False)
+            while not floor and len(pending):
+                oldest = pending.pop_front()
+                assert oldest is not None
+                just_scored, block_hash = oldest
                 tiers[self._tier(block_hash)][just_scored] = block_hash
             lowest = next((t for t in tiers if t), None)
             if lowest is None:

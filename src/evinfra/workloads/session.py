@@ -78,6 +78,8 @@ class SessionBuilder:
         self.ids = ids
         self.parent_session_id = parent_session_id
         self._items = [_Item(s, ItemKind.HEAD) for s in head]
+        self._segments = list(head)
+        """The items' segments, kept alongside: each call copies them (100s of items)."""
         self._num_head_items = len(self._items)
         self._num_tokens = sum(s.num_tokens for s in head)
         self._drafts: list[_Draft] = []
@@ -109,6 +111,7 @@ class SessionBuilder:
     def add_segment(self, segment: Segment, kind: ItemKind) -> None:
         """Stage existing content (shared text, a sub-agent's output) for the next call."""
         self._items.append(_Item(segment, kind))
+        self._segments.append(segment)
         self._num_tokens += segment.num_tokens
 
     def call(
@@ -130,9 +133,10 @@ class SessionBuilder:
         else:
             event = ContextEvent.FORK if self.parent_session_id else ContextEvent.START
         output = Segment(self.ids.fresh(), num_output_tokens)
-        segments = tuple(item.segment for item in self._items)
+        segments = tuple(self._segments)
         self._drafts.append(_Draft(segments, num_output_tokens, output.content_id, think_s, event))
         self._items.append(_Item(output, ItemKind.OUTPUT))
+        self._segments.append(output)
         self._num_tokens += num_output_tokens
         self._event = ContextEvent.APPEND
         return output
@@ -141,6 +145,7 @@ class SessionBuilder:
         """Replace all history after the head by `summary` (usually the output of a
         summarisation call); the next call is a COMPACT."""
         self._items = [*self._items[: self._num_head_items], _Item(summary, ItemKind.SUMMARY)]
+        self._segments = [item.segment for item in self._items]
         self._num_tokens = sum(item.segment.num_tokens for item in self._items)
         self._mark(ContextEvent.COMPACT)
 
@@ -155,6 +160,7 @@ class SessionBuilder:
         kept = [item for i, item in enumerate(self._items) if i not in dropped]
         self._num_tokens -= sum(self._items[i].segment.num_tokens for i in dropped)
         self._items = kept
+        self._segments = [item.segment for item in kept]
         self._mark(ContextEvent.TRUNCATE)
         return len(dropped)
 

@@ -1,0 +1,86 @@
+"""RunQueue keeps the exact order of an OrderedDict of blocks added in runs: removals,
+re-adds, pops from the front and compactions never reorder what is queued."""
+
+from collections import OrderedDict
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evinfra.core import run_queue
+from evinfra.core.run_queue import RunQueue
+
+
+def make_queue(*runs: list[int]) -> RunQueue:
+    queue = RunQueue()
+    for run in runs:
+        queue.add_many(run, [100 + b for b in run])
+    return queue
+
+
+def test_pops_follow_add_order_and_skip_removed_blocks() -> None:
+    queue = make_queue([3, 1, 2], [7, 5])
+    queue.remove_many([1, 7])
+    assert list(queue.items()) == [(3, 103), (2, 102), (5, 105)]
+    assert [queue.pop_front() for _ in range(4)] == [(3, 103), (2, 102), (5, 105), None]
+    assert len(queue) == 0
+
+
+def test_a_block_added_again_moves_to_the_back_with_its_new_hash() -> None:
+    queue = make_queue([1, 2, 3])
+    queue.remove(2)
+    queue.add(2, 999)
+    queue.add_many([1], [555])  # still queued: moves too
+    assert list(queue.items()) == [(3, 103), (2, 999), (1, 555)]
+    queue.check_integrity()
+
+
+def test_remove_many_returns_the_blocks_not_queued() -> None:
+    queue = make_queue([1, 2])
+    assert queue.remove_many([2, 9, 1, 8]) == [9, 8]
+    assert queue.remove(1) is False
+    with pytest.raises(ValueError, match="hashes"):
+        queue.add_many([4, 5], [1])
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.lists(st.integers(0, 30), max_size=8, unique=True)),
+        st.tuples(st.just("remove"), st.lists(st.integers(0, 30), max_size=8)),
+        st.tuples(st.just("pop"), st.integers(1, 4)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_same_order_as_an_ordered_dict(steps: list[tuple[str, object]]) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(run_queue, "_MIN_STALE_TO_COMPACT", 2)  # compact often
+        check_against_ordered_dict(steps)
+
+
+def check_against_ordered_dict(steps: list[tuple[str, object]]) -> None:
+    queue = RunQueue()
+    model: OrderedDict[int, int] = OrderedDict()
+    for i, (op, arg) in enumerate(steps):
+        if op == "add":
+            assert isinstance(arg, list)
+            for b in arg:  # a queued block added again moves to the back
+                model.pop(b, None)
+                model[b] = 1000 * i + b
+            queue.add_many(arg, [1000 * i + b for b in arg])
+        elif op == "remove":
+            assert isinstance(arg, list)
+            missing = [b for b in arg if model.pop(b, None) is None]
+            assert queue.remove_many(arg) == missing
+        else:
+            assert isinstance(arg, int)
+            for _ in range(arg):
+                expected = model.popitem(last=False) if model else None
+                assert queue.pop_front() == expected
+        queue.check_integrity()
+        assert list(queue.items()) == list(model.items())
+        assert len(queue) == len(model)
+        assert all(b in queue for b in model)
