@@ -10,6 +10,7 @@ executor's KV tensor, so the servers use this same pool.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, islice, takewhile
@@ -42,6 +43,7 @@ class PrefixMatch:
 _Memo = tuple[tuple[int, ...], int, int, int, int, PrefixMatch]
 """(prompt, version, removals, host copies offloaded, host size, match) when matched."""
 _MAX_MEMOS = 256
+_MAX_FREED_RUNS = 1024
 
 
 class PoolListenerLike(Protocol):
@@ -85,6 +87,10 @@ class KVPool:
         # recent prompts' matches by tuple identity (the tuple is held, so its id is not
         # reused): the router, admission and the simulator ask about the same prompt
         self._memos: dict[int, _Memo] = {}
+        self._freed_runs: OrderedDict[int, list[int]] = OrderedDict()
+        """Recently freed block lists up to their last block with content, by that
+        block's hash (a chained hash names its whole prefix): a session's next call
+        acquires that run again, found without an index lookup per block."""
         self.eviction.bind_index(self._index.get)
 
     # -- queries ---------------------------------------------------------------------
@@ -123,7 +129,7 @@ class KVPool:
     def can_allocate_after(self, num_blocks: int, cached_hashes: Sequence[int]) -> bool:
         """Whether `num_blocks` new blocks fit once `cached_hashes` (all indexed) are
         acquired: acquiring an unused cached block takes it off the evictable count."""
-        return self._fits_after(num_blocks, list(map(self._index.__getitem__, cached_hashes)))
+        return self._fits_after(num_blocks, self._ids_of(cached_hashes))
 
     def _fits_after(self, num_blocks: int, cached_ids: list[int]) -> bool:
         # holding an unused cached block takes it off the evictable count
@@ -210,7 +216,7 @@ class KVPool:
     # -- mutations -------------------------------------------------------------------
     def acquire_cached(self, hashes: Sequence[int]) -> list[int]:
         """Take a reference on the device blocks of `hashes` (all must be indexed)."""
-        ids = list(map(self._index.__getitem__, hashes))
+        ids = self._ids_of(hashes)
         self._acquire(ids)
         return ids
 
@@ -220,7 +226,7 @@ class KVPool:
         """`acquire_cached(cached_hashes)` followed by `try_allocate(num_new)`, all or
         nothing: None (and nothing taken) when the new blocks would not fit once the
         cached ones are held. The cached blocks come first in the list returned."""
-        ids = list(map(self._index.__getitem__, cached_hashes))
+        ids = self._ids_of(cached_hashes)
         counts = list(map(self._ref.__getitem__, ids))
         num_unused = counts.count(0)
         if num_new > self.num_free_blocks - num_unused:
@@ -230,6 +236,34 @@ class KVPool:
         assert new_ids is not None
         ids += new_ids
         return ids
+
+    def _ids_of(self, hashes: Sequence[int]) -> list[int]:
+        """The device blocks holding `hashes` (all indexed), in order. A run freed
+        recently with the same last hash is checked block by block against the hashes
+        (a block holding a hash is the index's entry for it) instead of looked up."""
+        if hashes:
+            run = self._freed_runs.get(hashes[-1])
+            if run is not None and len(run) == len(hashes):
+                wanted = hashes if type(hashes) is list else list(hashes)
+                if list(map(self._hash.__getitem__, run)) == wanted:
+                    return list(run)
+        return list(map(self._index.__getitem__, hashes))
+
+    def _remember_run(self, block_ids: Sequence[int]) -> None:
+        held = self._hash
+        end = len(block_ids)
+        while end and held[block_ids[end - 1]] is None:  # a tail still filling
+            end -= 1
+            if len(block_ids) - end > 8:
+                return
+        last = held[block_ids[end - 1]] if end else None
+        if last is None:
+            return
+        runs = self._freed_runs
+        runs.pop(last, None)
+        runs[last] = list(block_ids[:end])
+        if len(runs) > _MAX_FREED_RUNS:
+            runs.popitem(last=False)
 
     def _acquire(self, ids: list[int]) -> None:
         counts = list(map(self._ref.__getitem__, ids))
@@ -335,6 +369,10 @@ class KVPool:
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference on each block. Pass a sequence's blocks in order: they are
         released tail first, so LRU evicts a finished sequence's tail before its prefix."""
+        self._release(block_ids)
+        self._remember_run(block_ids)
+
+    def _release(self, block_ids: Sequence[int]) -> None:
         refs, hashes = self._ref, self._hash
         cached_ids: list[int] = []
         cached_hashes: list[int] = []
@@ -433,7 +471,7 @@ class KVPool:
         index.update(zip(missing, ids, strict=True))
         if self.listener is not None:
             self.listener.on_device_many(missing, True)
-        self.free(ids)  # unused now: cached, evictable tail first
+        self._release(ids)  # unused now: cached, evictable tail first (not a prefix run)
         return len(missing)
 
     def clear(self) -> None:
@@ -444,6 +482,7 @@ class KVPool:
             self.eviction.remove(block_id)
             self._forget(block_id, offload=False)
         self._ref, self._hash, self._free = [], [], []
+        self._freed_runs.clear()
         self._version += 1
         self._num_removals += 1
         self.host.clear()

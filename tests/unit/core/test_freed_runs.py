@@ -1,0 +1,72 @@
+"""A session's next call acquires the blocks its last call freed: KVPool finds them from
+the freed run (checked block by block) and must give exactly the index's blocks, also
+after evictions reuse them, and never look at blocks a clear() forgot."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evinfra.core.kv_pool import KVPool
+
+
+def run_of(pool: KVPool, hashes: tuple[int, ...], num_tail: int = 1) -> list[int]:
+    """Blocks for `hashes` (committed) plus `num_tail` blocks still filling."""
+    ids = pool.try_acquire_and_allocate((), len(hashes) + num_tail)
+    assert ids is not None
+    pool.commit_many(ids[: len(hashes)], hashes)
+    return ids
+
+
+def test_a_freed_run_is_acquired_again_as_the_same_blocks() -> None:
+    pool = KVPool(16)
+    ids = run_of(pool, (1, 2, 3))
+    pool.free(ids)
+    assert pool._freed_runs[3] == ids[:3]  # keyed by the last hash, tail left out
+    again = pool.try_acquire_and_allocate((1, 2, 3), 2)
+    assert again is not None and again[:3] == ids[:3]
+    pool.check_integrity()
+
+
+def test_a_run_whose_blocks_were_reused_falls_back_to_the_index() -> None:
+    pool = KVPool(3)
+    ids = run_of(pool, (1, 2), num_tail=0)
+    pool.free(ids)
+    pool.free(run_of(pool, (7, 8, 9), num_tail=0))  # evicts 1 and 2: blocks reused
+    assert not pool.holds(1)
+    run_of(pool, (5,), num_tail=0)  # held: takes the first block of the old run
+    refilled = run_of(pool, (1, 2), num_tail=0)  # same content, other blocks now
+    assert refilled != ids
+    got = pool.try_acquire_and_allocate((1, 2), 0)
+    assert got == [pool.block_of(1), pool.block_of(2)] == refilled
+    pool.check_integrity()
+
+
+def test_clear_forgets_the_runs() -> None:
+    pool = KVPool(8)
+    pool.free(run_of(pool, (1, 2, 3)))
+    pool.clear()
+    assert not pool._freed_runs
+    pool.free(run_of(pool, (1,)))
+    assert pool.try_acquire_and_allocate((1,), 0) == [pool.block_of(1)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(0, 6), st.booleans()), max_size=30))
+def test_acquired_blocks_are_always_the_index_blocks(steps: list[tuple[int, int, bool]]) -> None:
+    """Sessions (1..4) whose contexts grow by a few blocks per call, freed and acquired
+    again, in a pool small enough to evict."""
+    pool = KVPool(12)
+    contexts: dict[int, tuple[int, ...]] = {}
+    for session, num_new, keep in steps:
+        prompt = contexts.get(session, ())
+        match = pool.match_prefix(prompt)
+        cached = prompt[: match.num_device_blocks]
+        new_hashes = tuple(1000 * session + len(prompt) + i for i in range(num_new))
+        ids = pool.try_acquire_and_allocate(cached, len(prompt) - len(cached) + num_new + 1)
+        if ids is None:
+            continue
+        assert ids[: len(cached)] == [pool.block_of(h) for h in cached]
+        context = prompt + new_hashes
+        pool.commit_many(ids[len(cached) : len(context)], context[len(cached) :])
+        pool.free(ids)
+        contexts[session] = context if keep else ()
+        pool.check_integrity()
