@@ -42,6 +42,7 @@ def measure(
         drain_s=args.drain_s,
         seed=args.seed,
         block_size=args.block_size,
+        kv_capacity_scale=args.kv_capacity_scale,
     )
     start = time.perf_counter()
     cpu_start = time.process_time()
@@ -85,11 +86,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu", default="gb300")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=int, default=64, help="tokens per KV block (default 64)")
+    p.add_argument(
+        "--kv-capacity-scale",
+        type=float,
+        default=1.0,
+        help="multiplies each node's device KV (below 1: KV pressure, eviction)",
+    )
     args = p.parse_args(argv)
     print(
         f"workload {args.workload}, model {args.model} on {args.gpu},"
         f" {args.rate_per_gpu:g} sessions/s per GPU, drain {args.drain_s:g} s,"
-        f" blocks of {args.block_size} tokens"
+        f" blocks of {args.block_size} tokens, KV capacity x{args.kv_capacity_scale:g}"
     )
     header = (
         "| system | GPUs | sim s | wall s | events | events/s | sim s / wall s"

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
-from evinfra.core.blocks import num_blocks_for
+from evinfra.core.blocks import common_prefix_len, num_blocks_for
 from evinfra.core.global_index import GlobalBlockIndex
 from evinfra.core.kv_pool import PrefixMatch
 from evinfra.core.sequence import Sequence
@@ -92,6 +92,8 @@ class Simulation:
         self._inflight: dict[int, _Inflight] = {}
         self._next_request_id = 0
         self._ever_computed: set[int] = set()
+        self._recorded_prompt: dict[str, tuple[int, ...]] = {}
+        """Per session, its last prompt added to `_ever_computed` (all of it is in)."""
         self._active_by_kind: dict[str, int] = {}
         self._num_active_sessions = 0
         self._last_seen = [0] * len(nodes)
@@ -179,6 +181,7 @@ class Simulation:
     def _end_session(self, run: SessionRun, finished: bool) -> None:
         if finished:
             self.metrics.session_end_s[run.plan.session_id] = self.now_s
+        self._recorded_prompt.pop(run.plan.session_id, None)
         self._active_by_kind[run.kind] -= 1
         self._num_active_sessions -= 1
         if run.parent is not None:
@@ -309,7 +312,9 @@ class Simulation:
         hit = num_cached_tokens // bs
         seen = self._ever_computed
         rec.num_recomputed_tokens = bs * sum(1 for h in req.prompt_hashes[hit:] if h in seen)
-        seen.update(req.prompt_hashes)
+        last = self._recorded_prompt.get(rec.session_id, ())
+        seen.update(req.prompt_hashes[common_prefix_len(last, req.prompt_hashes) :])
+        self._recorded_prompt[rec.session_id] = req.prompt_hashes
 
     def _first_token(self, rid: int, at_s: float | None = None) -> None:
         rec = self.metrics.records[rid]
