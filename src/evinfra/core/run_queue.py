@@ -40,6 +40,9 @@ class RunQueue:
         """Queued block id -> key of the run that holds its live entry."""
         self._runs: OrderedDict[int, _Run] = OrderedDict()
         """Runs with a queued block, by key, oldest first."""
+        self._front: _Run | None = None
+        """The first of `_runs` when last looked up: still first while it has a live
+        entry (runs only join at the back)."""
         self._num_runs_added = 0
         self._num_entries = 0
         """Entries in the runs from their starts on: queued blocks plus stale entries."""
@@ -108,21 +111,27 @@ class RunQueue:
 
     def pop_front(self) -> tuple[int, int] | None:
         """Remove and return the oldest queued (block id, hash); None when empty."""
-        runs, run_of = self._runs, self._run_of
-        while runs:
-            run = next(iter(runs.values()))
-            ids, key, i = run.block_ids, run.key, run.start
-            while i < len(ids):
-                block_id = ids[i]
-                i += 1
-                if run_of.get(block_id) == key:
-                    del run_of[block_id]
-                    self._num_entries -= i - run.start
-                    run.start = i
-                    self._count_down(key, 1)
-                    return block_id, run.block_hashes[i - 1]
-            raise AssertionError(f"run {key} counted live blocks it does not hold")
-        return None
+        run = self._front
+        if run is None or not run.num_live:
+            if not self._runs:
+                return None
+            run = self._front = next(iter(self._runs.values()))
+        run_of = self._run_of
+        ids, key, i = run.block_ids, run.key, run.start
+        end = len(ids)
+        while i < end:
+            block_id = ids[i]
+            i += 1
+            if run_of.get(block_id) == key:
+                del run_of[block_id]
+                self._num_entries -= i - run.start
+                run.start = i
+                run.num_live -= 1
+                if not run.num_live:
+                    del self._runs[key]
+                    self._num_entries -= end - i
+                return block_id, run.block_hashes[i - 1]
+        raise AssertionError(f"run {key} counted live blocks it does not hold")
 
     def items(self) -> Iterator[tuple[int, int]]:
         """Queued (block id, hash) pairs, oldest first."""
@@ -153,6 +162,7 @@ class RunQueue:
             if ids:
                 kept[key] = _Run(key, ids, hashes)
         self._runs = kept
+        self._front = None
         self._num_entries = len(run_of)
 
     def check_integrity(self) -> None:

@@ -74,9 +74,10 @@ class TieredEviction:
         # every block freed after it (they would enter a tier after it)
         just_scored = None
         while True:
-            while not floor and len(pending):
+            while not floor:
                 oldest = pending.pop_front()
-                assert oldest is not None
+                if oldest is None:
+                    break
                 just_scored, block_hash = oldest
                 tiers[self._tier(block_hash)][just_scored] = block_hash
             lowest = next((t for t in tiers if t), None)
