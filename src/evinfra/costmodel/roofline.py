@@ -31,6 +31,7 @@ of the efficiency factors.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +41,8 @@ from evinfra.costmodel.node import NodeSpec
 from evinfra.costmodel.spec import Dtype, dtype_bytes
 
 FloatArray = npt.NDArray[np.float64]
+Contexts = TypeVar("Contexts", float, FloatArray)
+"""One decode context sum, or an array of them."""
 
 _DISPATCH_BYTES_PER_ELEM = 1.0 + 4.0 / 128  # FP8 activations with one FP32 scale per 128
 _COMBINE_BYTES_PER_ELEM = 2.0  # BF16
@@ -240,22 +243,31 @@ class RooflineCostModel:
         return compute_s, kv_bytes
 
     def _components(
-        self, chunks: tuple[PrefillChunk, ...], num_seqs: int, contexts: FloatArray
-    ) -> tuple[FloatArray, FloatArray, float]:
-        """(compute seconds, memory seconds, communication seconds) of a step, for each
-        decode context sum in `contexts` (same chunks, same number of sequences)."""
+        self, chunks: tuple[PrefillChunk, ...], num_seqs: int, contexts: Contexts
+    ) -> tuple[Contexts, Contexts, float]:
+        """(compute seconds, memory seconds, communication seconds) of a step, for one
+        decode context sum (a float: the per-step path, where a numpy call per operation
+        costs more than the arithmetic) or for each sum in an array of them (same chunks,
+        same number of sequences); the same operations in the same order either way, so
+        the two give the same bits."""
         eff = self.efficiency
         num_prefill = sum(c.num_new_tokens for c in chunks)
         prefill_s, prefill_kv = self._prefill_work(chunks)
         prefill_s += num_prefill * self._token_s
-        decode_s = np.zeros_like(contexts)
-        decode_kv = np.zeros_like(contexts)
+        decode_s = contexts * 0.0
+        decode_kv = contexts * 0.0
         if num_seqs > 0:
             attended = contexts
             if self._cap is not None:
                 # Sparse attention caps keys per sequence; only the sum of contexts is
                 # known, so the cap applies to the mean context.
-                attended = num_seqs * np.minimum(contexts / num_seqs, float(self._cap))
+                mean = contexts / num_seqs
+                capped = (
+                    np.minimum(mean, float(self._cap))
+                    if isinstance(mean, np.ndarray)
+                    else min(mean, float(self._cap))
+                )
+                attended = num_seqs * capped
             decode_s = (
                 num_seqs * (self._token_s + self._logit_s)
                 + attended * self._decode_pair_s
@@ -276,34 +288,9 @@ class RooflineCostModel:
     def _step_time_scalar(
         self, chunks: tuple[PrefillChunk, ...], num_seqs: int, context: float
     ) -> float:
-        """`_times` of one decode context sum, operation for operation in Python floats
-        (a numpy call per operation costs more than the arithmetic)."""
-        eff = self.efficiency
-        num_prefill = sum(c.num_new_tokens for c in chunks)
-        prefill_s, prefill_kv = self._prefill_work(chunks)
-        prefill_s += num_prefill * self._token_s
-        decode_s = 0.0
-        decode_kv = 0.0
-        if num_seqs > 0:
-            attended = context
-            if self._cap is not None:
-                attended = num_seqs * min(context / num_seqs, float(self._cap))
-            decode_s = (
-                num_seqs * (self._token_s + self._logit_s)
-                + attended * self._decode_pair_s
-                + context * self._indexer_pair_s
-            )
-            decode_kv = (
-                attended * self._attn_kv_bytes
-                + context * self._indexer_kv_bytes
-                + num_seqs * (self._attn_kv_bytes + self._indexer_kv_bytes)
-            )
-        compute = prefill_s / eff.prefill_flops + decode_s / eff.decode_flops
-        experts = self._distinct_experts(num_prefill + num_seqs)
-        weight_bytes = self._fixed_weight_bytes + experts * self._expert_bytes
-        memory = (weight_bytes + prefill_kv + decode_kv) / self._hbm_bytes_s
-        comm = num_prefill * self._comm_prefill_token_s + num_seqs * self._comm_decode_token_s
-        hidden = eff.comm_overlap * comm
+        """`_times` of one decode context sum, in Python floats."""
+        compute, memory, comm = self._components(chunks, num_seqs, context)
+        hidden = self.efficiency.comm_overlap * comm
         core = max(compute, memory)
         return max(core, hidden) + (comm - hidden) + self._fixed_s
 
