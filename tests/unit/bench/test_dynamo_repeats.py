@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "dynamo" / "repeats.py"
+from tests.scripts import load_script
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dynamo_repeats", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/dynamo/repeats.py", "dynamo_repeats")
 
 
 def run(folder: Path, evinfra_e2e: float, agg_ratio: float, num_cut: int) -> None:

@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "dynamo"
+from tests.scripts import load_script
 
 
 def load() -> ModuleType:
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))  # report.py imports stalls.py beside it
-    spec = importlib.util.spec_from_file_location("dynamo_report", BENCH / "report.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/dynamo/report.py", "dynamo_report")
 
 
 def make_call(session: str, send_s: float, e2e_s: float | None) -> dict[str, Any]:

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "dynamo" / "sim_seeds.py"
+from tests.scripts import load_script
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dynamo_sim_seeds", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their annotations there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/dynamo/sim_seeds.py", "dynamo_sim_seeds")
 
 
 def sim_cfg(system: str, **kw: Any) -> dict[str, Any]:

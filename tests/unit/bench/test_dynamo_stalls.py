@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "dynamo" / "stalls.py"
+from tests.scripts import load_script
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dynamo_stalls", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their annotations there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/dynamo/stalls.py", "dynamo_stalls")
 
 
 def make_call(

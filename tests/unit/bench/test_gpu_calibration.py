@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -17,17 +15,11 @@ from evinfra.costmodel.base import BatchShape, PrefillChunk
 from evinfra.costmodel.node import NodeSpec
 from evinfra.costmodel.profile import ProfileTable
 from evinfra.costmodel.registry import make_cost_model
-
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_calibration.py"
+from tests.scripts import load_script as load_repo_script
 
 
 def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_calibration", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_repo_script("benchmarks/gpu_calibration.py", "gpu_calibration")
 
 
 @pytest.fixture(scope="module")

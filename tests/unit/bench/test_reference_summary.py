@@ -3,7 +3,6 @@ oracle variants, folders without results skipped."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
@@ -11,15 +10,11 @@ from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "reference" / "summarize.py"
+from tests.scripts import load_script
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("reference_summarize", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/reference/summarize.py", "reference_summarize")
 
 
 def block(e2e: float, ttft: float, ratio: float | None = None) -> dict[str, Any]:

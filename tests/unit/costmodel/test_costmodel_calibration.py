@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -12,17 +9,11 @@ import pytest
 from evinfra.costmodel.catalog import get_gpu, get_model
 from evinfra.costmodel.roofline import RooflineEfficiency
 from evinfra.costmodel.spec import Dtype
-
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "costmodel_calibration.py"
+from tests.scripts import load_script as load_repo_script
 
 
 def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("costmodel_calibration", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_repo_script("benchmarks/costmodel_calibration.py", "costmodel_calibration")
 
 
 def test_published_figures_within_30_percent() -> None:
