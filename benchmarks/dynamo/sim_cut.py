@@ -19,7 +19,7 @@ from typing import Any
 from evinfra.core.types import Request
 from evinfra.serve.replay import check_max_context_tokens, cut_to_context
 from evinfra.sim.config import load_config
-from evinfra.sim.runner import run_sim
+from evinfra.sim.runner import SimResult, run_sim
 from evinfra.sim.simulation import Simulation
 
 
@@ -46,10 +46,11 @@ def cut_like_replay(
     return make_cut
 
 
-def run_cut(
+def simulate_cut(
     config: str, max_context_tokens: int | None, overrides: dict[str, Any] | None = None
-) -> tuple[dict[str, Any], list[Request]]:
-    """The simulation's summary (`evinfra sim`'s) and the requests it cut."""
+) -> tuple[SimResult, list[Request]]:
+    """The simulation of `config` (with `overrides`), each call cut to
+    `max_context_tokens` (None: no cut), and the requests it cut."""
     cfg = load_config(config, overrides or {})
     cut: list[Request] = []
 
@@ -58,7 +59,15 @@ def run_cut(
             sim.make_request = cut_like_replay(sim.make_request, max_context_tokens,
                                                cfg.block_size, cut)  # fmt: skip
 
-    summary = dict(run_sim(cfg, prepare=prepare).summary)
+    return run_sim(cfg, prepare=prepare), cut
+
+
+def run_cut(
+    config: str, max_context_tokens: int | None, overrides: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], list[Request]]:
+    """The simulation's summary (`evinfra sim`'s) and the requests it cut."""
+    result, cut = simulate_cut(config, max_context_tokens, overrides)
+    summary = dict(result.summary)
     summary["max_context_tokens"] = max_context_tokens
     summary["num_cut_calls"] = len(cut)
     return summary, cut

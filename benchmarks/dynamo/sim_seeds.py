@@ -29,12 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from sim_cut import cut_like_replay  # noqa: E402
-
-from evinfra.core.types import Request  # noqa: E402
-from evinfra.sim.config import load_config  # noqa: E402
-from evinfra.sim.runner import run_sim  # noqa: E402
-from evinfra.sim.simulation import Simulation  # noqa: E402
+from sim_cut import simulate_cut  # noqa: E402
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,15 +57,8 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def simulate(config: Path, seed: int, max_context_tokens: int | None) -> SeedResult:
-    cfg = load_config(str(config), {"seed": seed})
-    cut: list[Request] = []
-
-    def prepare(sim: Simulation) -> None:
-        if max_context_tokens is not None:
-            sim.make_request = cut_like_replay(sim.make_request, max_context_tokens,
-                                               cfg.block_size, cut)  # fmt: skip
-
-    result = run_sim(cfg, prepare=prepare)
+    result, _ = simulate_cut(str(config), max_context_tokens, {"seed": seed})
+    cfg = result.config
     end_s = cfg.duration_s + cfg.drain_s
     sent = [r for r in result.metrics.records.values() if r.arrival_s < cfg.duration_s]
     counted = [(r.finish_s if r.finish_s is not None else end_s) - r.arrival_s for r in sent]
