@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic_core import to_json
 
 from evinfra.sim.cli import write_result
 from evinfra.sim.config import SimConfig
@@ -84,11 +85,25 @@ def load_summary(out: Path, run_id: str, config: SimConfig) -> dict[str, Any] | 
         stored = json.loads((d / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    if stored != json.loads(config.model_dump_json()):
+    if not _same_config(stored, json.loads(config.model_dump_json())):
         return None
     if not (d / "timeseries.json").is_file() or not (d / "records.npz").is_file():
         return None
     return dict(summary)
+
+
+def _same_config(stored: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Equal configs, where a field added to SimConfig since the run was stored counts as
+    equal when the current value is that field's default (the behaviour before it existed)."""
+    fields = SimConfig.model_fields
+    for key in current.keys() - stored.keys():
+        field = fields.get(key)
+        if field is None or field.is_required():
+            return False
+        default = json.loads(to_json(field.get_default(call_default_factory=True)))
+        if current[key] != default:
+            return False
+    return all(stored[k] == current.get(k) for k in stored) and stored.keys() <= current.keys()
 
 
 def load_timeseries(out: Path, run_id: str) -> list[dict[str, Any]]:

@@ -67,6 +67,32 @@ def test_resume_reuses_matching_runs_only(tmp_path: Path, scenario_data: dict[st
         assert not ex.run(make_runs(scenario_data))["dynamo__seed0"].reused
 
 
+def test_resume_accepts_a_field_added_since_at_its_default(
+    tmp_path: Path, scenario_data: dict[str, Any]
+) -> None:
+    # a run stored before `kv_allocation` existed is the same run as one at its default
+    # ("prompt"), and not the same as one with another value
+    scenario_data["systems"] = ["dynamo"]
+    runs = make_runs(scenario_data)
+    with BenchExecutor(tmp_path, log=lambda _: None) as ex:
+        ex.run(runs)
+    stored = tmp_path / "runs" / "dynamo__seed0" / "config.json"
+    old = json.loads(stored.read_text())
+    assert old.pop("kv_allocation") == "prompt"
+    stored.write_text(json.dumps(old))
+    with BenchExecutor(tmp_path, resume=True, log=lambda _: None) as ex:
+        assert ex.run(runs)["dynamo__seed0"].reused
+    stored.write_text(json.dumps(old))
+    scenario_data["base"]["kv_allocation"] = "chunk"
+    with BenchExecutor(tmp_path, resume=True, log=lambda _: None) as ex:
+        assert not ex.run(make_runs(scenario_data))["dynamo__seed0"].reused
+    # a stored field the current config lacks is a different config
+    stored.write_text(json.dumps({**old, "kv_allocation": "prompt", "retired_knob": 1}))
+    scenario_data["base"].pop("kv_allocation")
+    with BenchExecutor(tmp_path, resume=True, log=lambda _: None) as ex:
+        assert not ex.run(make_runs(scenario_data))["dynamo__seed0"].reused
+
+
 def test_resume_reruns_a_failed_run(tmp_path: Path, scenario_data: dict[str, Any]) -> None:
     scenario_data["systems"] = [{"name": "dynamo", "system_options": {"bad": 1}}]
     runs = make_runs(scenario_data)
