@@ -10,6 +10,7 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 pytest.importorskip("fastapi")
@@ -101,3 +102,23 @@ def test_replay_cuts_every_call_to_its_context_limit(server: ServerProcess) -> N
     for t in result.traces:
         assert t.num_prompt_tokens + t.max_tokens <= 300
         assert t.num_output_tokens == t.max_tokens
+
+
+def test_timed_server_streams_visible_text_with_every_token(server: ServerProcess) -> None:
+    """Each pseudo-token prints on its own, so a client that times the first token by the
+    first text (aiperf) sees it when the server sends it, and one chunk per token after."""
+    body = {
+        "model": "tiny", "messages": [{"role": "user", "content": "w" * 200}],
+        "max_tokens": 48, "stream": True, "ignore_eos": True,
+    }  # fmt: skip
+    contents: list[str] = []
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=30) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[len("data: ") :])["choices"]:
+                if (content := choice["delta"].get("content")) is not None:
+                    contents.append(content)
+    text = [c for c in contents if c]
+    assert len(text) == 48 and all(len(c) == 1 and c.isprintable() for c in text)

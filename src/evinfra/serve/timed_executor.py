@@ -58,6 +58,7 @@ class TimedExecutor:
         self.vocab_size = vocab_size
         self.kv_bytes_per_token = kv_bytes_per_token
         self.avoid_token_ids = frozenset(avoid_token_ids)
+        self._allowed = [t for t in range(vocab_size) if t not in self.avoid_token_ids]
         self._kv = np.zeros((num_blocks, block_size, kv_bytes_per_token), dtype=np.uint8)
         self._sleep = sleep
         self._clock = clock
@@ -105,10 +106,7 @@ class TimedExecutor:
         last = self._read_token(work.block_table, position - 1)
         before = self._read_token(work.block_table, position - 2) if position >= 2 else 0
         first = self._read_token(work.block_table, 0)
-        token = _mix(position, first, before, last) % self.vocab_size
-        while token in self.avoid_token_ids:
-            token = (token + 1) % self.vocab_size
-        return token
+        return self._allowed[_mix(position, first, before, last) % len(self._allowed)]
 
     def read_blocks(self, block_ids: Sequence[int]) -> np.ndarray:
         """Copy of the blocks' bytes: uint8 `[len(block_ids), kv_bytes_per_block]`."""
