@@ -21,8 +21,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import decode_probe  # noqa: E402
 from launch import (  # noqa: E402
     Deployment,
+    EngineShape,
     RunningServer,
     dynamo_commands,
     evinfra_command,
@@ -345,9 +347,46 @@ class SideBySide:
         print(json.dumps(costs, indent=2))
         return 0 if not self.failures else 1
 
+    def run_decode_probe(self) -> int:
+        """What the mocker's decode polynomial counts as active KV (`decode_probe.py`):
+        one engine each, dynamo-agg and evinfra; writes decode_probe.json."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        trace = decode_probe.DecodeProbeTrace()
+        path = self.out / "decode-probe" / "trace.jsonl"
+        trace.write(path)
+        shape = EngineShape(num_blocks=self.args.agent_num_blocks or 2048)
+        run = WorkloadRun("decode-probe", trace=path, shape=shape, max_requests=100)
+        limits = Limits(duration_s=trace.duration_s, drain_s=15.0, seed=self.limits.seed)
+        measured: dict[str, list[float | None]] = {}
+        for dep in (Deployment("dynamo-agg", num_nodes=1), Deployment("evinfra", num_nodes=1)):
+            server = self._start(dep, run, "decode-probe")
+            try:
+                out = self.out / "decode-probe" / dep.label
+                argv = replay_argv(self.evinfra, server.url, server.model, run, limits,
+                                   dep.label, out, hints=dep.sends_hints)  # fmt: skip
+                self.commands.append(" ".join(argv))
+                log(f"decode probe: replaying against {dep.label}")
+                budget = limits.duration_s + limits.drain_s + 60
+                rc = run_bounded(argv, budget, self.out / "logs" / f"decode-probe-{dep.label}.log")
+            finally:
+                stop_server(server)
+            if rc != 0:
+                self.failures.append(f"decode probe on {dep.label}: replay exited {rc}")
+                continue
+            measured[dep.label] = decode_probe.measured_gaps_ms(out, trace, dep.leading_extra_chunk)
+        rows = decode_probe.results(trace, shape.kv_capacity_tokens, measured)
+        payload = {"cases": rows, "kv_capacity_tokens": shape.kv_capacity_tokens,
+                   "commit": git_head(), "trace": asdict(trace), "failures": self.failures,
+                   "commands": self.commands}  # fmt: skip
+        (self.out / "decode_probe.json").write_text(json.dumps(payload, indent=2))
+        print(decode_probe.table(rows))
+        return 0 if not self.failures else 1
+
     def main(self) -> int:
         if self.args.probe:
             return self.probe()
+        if self.args.decode_probe:
+            return self.run_decode_probe()
         self.out.mkdir(parents=True, exist_ok=True)
         runs = workload_runs(self.args)
         systems = tuple(self.args.evinfra_systems.split(","))
@@ -429,6 +468,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workloads", help="comma-separated subset: coding,mixed,mooncake")
     p.add_argument("--no-aiperf", action="store_true")
     p.add_argument("--probe", action="store_true", help="only the zero-load fixed-cost probe")
+    p.add_argument(
+        "--decode-probe",
+        action="store_true",
+        help="only the probe of what the mocker's decode time counts as active KV"
+        " (one engine of --agent-num-blocks, default 2048)",
+    )
     p.add_argument("--num-nodes", type=int, default=2, help="nodes per deployment")
     p.add_argument(
         "--evinfra-option",

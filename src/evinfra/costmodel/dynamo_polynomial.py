@@ -8,7 +8,8 @@ Dynamo's vLLM mocker passes (batch size, mean prompt length, mean cached prefix)
 polynomial sees batch size x (mean prompt - mean prefix); its SGLang mocker sums each
 request's extend length. Both equal the total new tokens (Dynamo's integer means can differ
 from the exact total by less than one token per request). u is the KV utilisation: active KV
-tokens over the KV capacity in tokens. A fully cached prompt costs no prefill time.
+tokens over the KV capacity in tokens, capped at 1. A fully cached prompt costs no prefill
+time.
 
 A pass that holds both prefill chunks and decode sequences lasts prefill_ms + decode_ms
 (the mocker runs the pass's prefill, then its decode token). Times are divided by
@@ -32,6 +33,10 @@ from evinfra.costmodel.node import NodeSpec
 PREFILL_MS_COEFFS = (16.50142, 0.01518344, 4.209989e-7)  # a + b*T + c*T^2
 DECODE_MS_COEFFS = (5.74, 54.01, -25.74)  # a + b*u + c*u^2, floored at MIN_DECODE_MS
 MIN_DECODE_MS = 1.0
+MAX_UTILISATION = 1.0
+"""u is capped here: the decoding contexts can sum past the KV capacity when sequences
+share a prefix, and Dynamo 1.6.1's mocker then decodes at the polynomial's value at 1
+(34.01 ms), not on its falling branch (measured: `benchmarks/dynamo/decode_probe.py`)."""
 
 
 class UtilisationSource(enum.Enum):
@@ -93,7 +98,8 @@ class DynamoPolynomialCostModel:
 
     def _decode_s(self, active_tokens: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         scale = 1e-3 / (self.speedup_ratio * self.decode_speedup_ratio)
-        return decode_ms(active_tokens / self._kv_capacity_tokens) * scale
+        u = np.minimum(active_tokens / self._kv_capacity_tokens, MAX_UTILISATION)
+        return decode_ms(u) * scale
 
     def step_time_s(self, batch: BatchShape) -> float:
         """Seconds of one pass: prefill polynomial on the new tokens plus, when sequences

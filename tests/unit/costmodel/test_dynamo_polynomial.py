@@ -88,6 +88,22 @@ def test_utilisation_from_decode_contexts_by_default() -> None:
     assert model.step_time_s(batch) == pytest.approx(34.01e-3)
 
 
+def test_utilisation_is_capped_at_one() -> None:
+    # decoding contexts that share a prefix sum past the capacity: the mocker decodes at
+    # u = 1 (34.01 ms, measured), not on the polynomial's falling branch (1 ms at u = 2.6)
+    model = make_model()
+    for contexts in (100_000, 150_000, 260_000, 10**7):
+        batch = BatchShape(num_decode_seqs=8, num_decode_context_tokens=contexts)
+        assert model.step_time_s(batch) == pytest.approx(34.01e-3)
+    assert model.decode_run_time_s(8, 190_000, 0, 4) == pytest.approx(4 * 34.01e-3)
+    # and below the capacity the step time never falls as the contexts grow
+    times = [
+        model.step_time_s(BatchShape(num_decode_seqs=1, num_decode_context_tokens=c))
+        for c in range(0, 300_001, 5_000)
+    ]
+    assert times == sorted(times)
+
+
 def test_capacity_defaults_to_the_node() -> None:
     model = DynamoPolynomialCostModel(NODE)
     assert model.kv_capacity_tokens == NODE.kv_capacity_tokens
