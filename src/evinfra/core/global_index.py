@@ -16,6 +16,8 @@ from typing import Protocol
 
 from evinfra.core.kv_pool import KVPool, PrefixMatch
 
+_MAX_SHARED_MATCHES = 1 << 16
+
 
 class PoolListener(Protocol):
     def on_device(self, block_hash: int, present: bool) -> None:
@@ -75,6 +77,9 @@ class GlobalBlockIndex:
         self._memo_hashes: Sequence[int] | None = None
         self._memo_version = -1
         self._memo: list[PrefixMatch] = []
+        self._device_only: dict[int, PrefixMatch] = {}
+        """One (frozen) device-only match per length, shared by every answer: a route
+        asks about every node at once."""
 
     def listener(self, node_id: int) -> PoolListener:
         if not 0 <= node_id < self.num_nodes:
@@ -130,7 +135,11 @@ class GlobalBlockIndex:
             start = end
         host = self._host
         if not host:
-            return [PrefixMatch(length, 0) for length in device_len]
+            shared = self._device_only
+            if len(shared) > _MAX_SHARED_MATCHES:
+                shared.clear()
+            get, add = shared.get, shared.setdefault
+            return [get(k) or add(k, PrefixMatch(k, 0)) for k in device_len]
         out = []
         for node in range(n):
             start = device_len[node]

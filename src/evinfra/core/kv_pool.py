@@ -44,6 +44,8 @@ _Memo = tuple[tuple[int, ...], int, int, int, int, PrefixMatch]
 """(prompt, version, removals, host copies offloaded, host size, match) when matched."""
 _MAX_MEMOS = 256
 _MAX_FREED_RUNS = 1024
+_MAX_RUN_LOOKBACK = 32
+"""How far from the end of a cached prefix `_ids_of` looks for a freed run ending there."""
 
 
 class PoolListenerLike(Protocol):
@@ -158,7 +160,8 @@ class KVPool:
         if memo is None or memo[0] is not hashes:
             match = self._match(hashes, None)
         elif memo[1] == self._version and memo[3] == host.num_offloaded and memo[4] == len(host):
-            match = memo[5]
+            match = memo[5]  # still current: remembering it again would change nothing
+            return match if limit is None else match.truncated(limit)
         elif memo[2] == self._num_removals and host.num_offloaded - memo[3] == len(host) - memo[4]:
             match = self._match(hashes, None, memo[5].num_device_blocks)
         else:
@@ -239,14 +242,18 @@ class KVPool:
 
     def _ids_of(self, hashes: Sequence[int]) -> list[int]:
         """The device blocks holding `hashes` (all indexed), in order. A run freed
-        recently with the same last hash is checked block by block against the hashes
-        (a block holding a hash is the index's entry for it) instead of looked up."""
-        if hashes:
-            run = self._freed_runs.get(hashes[-1])
-            if run is not None and len(run) == len(hashes):
-                wanted = hashes if type(hashes) is list else list(hashes)
-                if list(map(self._hash.__getitem__, run)) == wanted:
-                    return list(run)
+        recently that ends at one of the last hashes is checked block by block against
+        them (a block holding a hash is the index's entry for it) instead of looked up;
+        the few blocks after it (a context grown since, a prefix pulled) are looked up."""
+        runs = self._freed_runs
+        for end in range(len(hashes), max(0, len(hashes) - _MAX_RUN_LOOKBACK), -1):
+            run = runs.get(hashes[end - 1])
+            if run is not None and len(run) == end:
+                wanted = hashes[:end]
+                if list(map(self._hash.__getitem__, run)) == (
+                    wanted if type(wanted) is list else list(wanted)
+                ):
+                    return run + list(map(self._index.__getitem__, hashes[end:]))
         return list(map(self._index.__getitem__, hashes))
 
     def _remember_run(self, block_ids: Sequence[int]) -> None:

@@ -32,6 +32,8 @@ class TieredEviction:
         """Per tier, block id -> hash, in the order they entered the tier."""
         self._pending = RunQueue()
         """Blocks freed and not scored yet, with their hashes, oldest first."""
+        self._num_scored = 0
+        """Blocks in the tiers (`__len__` is asked before every allocation)."""
         self._block_of: Callable[[int], int | None] | None = None
         self.num_scored = 0
 
@@ -56,6 +58,7 @@ class TieredEviction:
         if not self._pending.remove(block_id):
             for tier in self._tiers:
                 if tier.pop(block_id, _MISSING) is not _MISSING:
+                    self._num_scored -= 1
                     return
 
     def remove_many(self, block_ids: Sequence[int]) -> None:
@@ -63,6 +66,7 @@ class TieredEviction:
         for block_id in self._pending.remove_many(block_ids):  # those scored already
             for tier in tiers:
                 if tier.pop(block_id, _MISSING) is not _MISSING:
+                    self._num_scored -= 1
                     break
 
     def pop(self) -> int | None:
@@ -79,7 +83,7 @@ class TieredEviction:
                 if oldest is None:
                     break
                 just_scored, block_hash = oldest
-                tiers[self._tier(block_hash)][just_scored] = block_hash
+                self._enter(tiers[self._tier(block_hash)], just_scored, block_hash)
             lowest = next((t for t in tiers if t), None)
             if lowest is None:
                 return None
@@ -88,10 +92,17 @@ class TieredEviction:
                 index = self._tier(block_hash)
                 if tiers[index] is not lowest:  # its tier changed: it enters the new one
                     del lowest[block_id]
-                    tiers[index][block_id] = block_hash
+                    self._num_scored -= 1
+                    self._enter(tiers[index], block_id, block_hash)
                     continue
             del lowest[block_id]
+            self._num_scored -= 1
             return block_id
+
+    def _enter(self, tier: OrderedDict[int, int], block_id: int, block_hash: int) -> None:
+        num_before = len(tier)
+        tier[block_id] = block_hash
+        self._num_scored += len(tier) - num_before
 
     def rescore_hashes(self, hashes: Iterable[int]) -> None:
         """Re-read the tier of the candidates holding these hashes (others are ignored)."""
@@ -109,7 +120,8 @@ class TieredEviction:
                     index = self._tier(block_hash)
                     if tiers[index] is not tier:
                         del tier[block_id]
-                        tiers[index][block_id] = block_hash
+                        self._num_scored -= 1
+                        self._enter(tiers[index], block_id, block_hash)
                     break
 
     def order(self) -> list[int]:
@@ -125,7 +137,7 @@ class TieredEviction:
         return out
 
     def __len__(self) -> int:
-        return len(self._pending) + sum(len(t) for t in self._tiers)
+        return len(self._pending) + self._num_scored
 
     def __contains__(self, block_id: object) -> bool:
         return block_id in self._pending or any(block_id in t for t in self._tiers)

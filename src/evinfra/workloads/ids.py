@@ -17,7 +17,12 @@ _ID_MASK = (1 << 62) - 1
 
 def mix64(*keys: int) -> int:
     """SplitMix64 folded over `keys`: a well-spread 64-bit value, stable across runs."""
-    z = 0x9E3779B97F4A7C15
+    return _fold(0x9E3779B97F4A7C15, keys)
+
+
+def _fold(z: int, keys: tuple[int, ...]) -> int:
+    """`mix64`'s state after folding `keys` into state `z` (a fold: mix64(*a, *b) is
+    _fold(_fold(seed, a), b), so a fixed leading part of the keys is folded once)."""
     for key in keys:
         z = (z ^ (key & _U64)) & _U64
         z = (z + 0x9E3779B97F4A7C15) & _U64
@@ -50,15 +55,16 @@ class IdSource:
     collide is about 1e-5.
     """
 
-    __slots__ = ("_counter", "_keys")
+    __slots__ = ("_counter", "_state")
 
     def __init__(self, *keys: int) -> None:
-        self._keys = keys
+        self._state = mix64(*keys)
+        """mix64's state after the session's keys: each id folds in only its counter."""
         self._counter = 0
 
     def fresh(self) -> int:
         self._counter += 1
-        return mix64(*self._keys, self._counter) & _ID_MASK
+        return _fold(self._state, (self._counter,)) & _ID_MASK
 
 
 def shared_id(*keys: int) -> int:

@@ -79,9 +79,14 @@ def test_rescore_moves_a_block_to_the_end_of_its_new_tier_and_pop_revalidates() 
     tier[4] = -2.0  # its session left
     ev.rescore([1, 4, 99])
     assert ev.order() == [4, 2, 3, 5, 1]
+    assert len(ev) == 5  # counted, not summed over the tiers: moves keep the count
     tier[4] = 0.0  # came back before the eviction: the pop reads it again
     assert ev.pop() == 2
     assert ev.order() == [3, 5, 1, 4]  # 4 entered the shared tier after 1
+    assert len(ev) == 4
+    ev.remove(5)
+    ev.remove(5)
+    assert len(ev) == 3
 
 
 def test_unknown_score_and_bad_tiers_are_errors() -> None:
