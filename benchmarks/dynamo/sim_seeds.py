@@ -11,6 +11,7 @@ named, the geometric mean of the per-seed ratios and the seeds won.
 
     .venv/bin/python benchmarks/dynamo/sim_seeds.py RUN [--seeds 0-11]
         [--workloads coding,mixed] [--systems evinfra-evolving,...,dynamo-agg] [--json F]
+        [--concurrency N] [--num-blocks N]   # the run's cell moved: sessions, KV a node
 
 Each simulation takes a second or two here.
 """
@@ -25,6 +26,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -56,8 +58,29 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def simulate(config: Path, seed: int, max_context_tokens: int | None) -> SeedResult:
-    result, _ = simulate_cut(str(config), max_context_tokens, {"seed": seed})
+def cell_overrides(
+    config: Path, *, concurrency: int | None = None, num_blocks: int | None = None
+) -> dict[str, Any]:
+    """Config changes that move a run's cell elsewhere: sessions kept running, and KV
+    blocks per node (the pool and the polynomial's capacity, both scaled from the run's)."""
+    out: dict[str, Any] = {}
+    if concurrency is not None:
+        out["concurrency"] = concurrency
+    if num_blocks is not None:
+        cfg = json.loads(config.read_text())
+        run_blocks = cfg["cost_options"]["kv_capacity_tokens"] // cfg["block_size"]
+        out["kv_capacity_scale"] = cfg["kv_capacity_scale"] * num_blocks / run_blocks
+        out["cost_options"] = {
+            **cfg["cost_options"],
+            "kv_capacity_tokens": num_blocks * cfg["block_size"],
+        }
+    return out
+
+
+def simulate(
+    config: Path, seed: int, max_context_tokens: int | None, overrides: dict[str, Any] | None = None
+) -> SeedResult:
+    result, _ = simulate_cut(str(config), max_context_tokens, {**(overrides or {}), "seed": seed})
     cfg = result.config
     end_s = cfg.duration_s + cfg.drain_s
     sent = [r for r in result.metrics.records.values() if r.arrival_s < cfg.duration_s]
@@ -106,7 +129,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--systems", default=None,
                    help="default: every simulated system, dynamo-agg last if present")  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="simulate the cell with this many sessions instead of the run's",
+    )
+    p.add_argument("--num-blocks", type=int, default=None,
+                   help="... with this many KV blocks a node (calls cut to that KV)")  # fmt: skip
     args = p.parse_args(argv)
+    for flag, value in (("--concurrency", args.concurrency), ("--num-blocks", args.num_blocks)):
+        if value is not None and value <= 0:
+            p.error(f"{flag}: must be a positive number, got {value}")
     results_path = args.run / "results.json"
     if not results_path.is_file():
         p.error(f"run: {args.run} has no results.json (not a side-by-side run folder?)")
@@ -131,12 +165,18 @@ def main(argv: list[str] | None = None) -> int:
         if not systems:
             p.error(f"run: no simulated systems in {folder}")
         cut = workloads[w].get("max_context_tokens")
+        if args.num_blocks is not None:
+            first = json.loads((folder / f"{systems[0]}.yaml").read_text())
+            cut = args.num_blocks * int(first["block_size"])
         results: dict[str, list[SeedResult]] = {s: [] for s in systems}
         print(f"## {w} (calls cut to {cut or 'no limit'} tokens), seeds {args.seeds}")
         for seed in seeds:
             cells = []
             for s in systems:
-                r = simulate(folder / f"{s}.yaml", seed, cut)
+                config = folder / f"{s}.yaml"
+                over = cell_overrides(config, concurrency=args.concurrency,
+                                      num_blocks=args.num_blocks)  # fmt: skip
+                r = simulate(config, seed, cut, over)
                 results[s].append(r)
                 cells.append(f"{s} {r.mean_e2e_s:6.3f} / {r.mean_e2e_with_unfinished_s:6.3f} "
                              f"({r.num_unfinished})")  # fmt: skip

@@ -100,7 +100,27 @@ def test_bad_arguments_name_the_field(run: Path, capsys: pytest.CaptureFixture[s
         ([str(run), "--workloads", "math"], "--workloads: 'math' is not in the run"),
         ([str(run), "--systems", "evinfra-nope"], "--systems: evinfra-nope not simulated"),
         ([str(run.parent / "missing")], "has no results.json"),
+        ([str(run), "--num-blocks", "0"], "--num-blocks: must be a positive number"),
     ):
         with pytest.raises(SystemExit):
             m.main(argv)
         assert field in capsys.readouterr().err
+
+
+def test_a_cell_moved_to_other_sessions_and_kv(tmp_path: Path, run: Path) -> None:
+    m = load()
+    config = run / "sim" / "coding" / "dynamo-agg.yaml"
+    base = json.loads(config.read_text())
+    over = m.cell_overrides(config, concurrency=9, num_blocks=512)
+    assert over["concurrency"] == 9
+    assert over["cost_options"]["kv_capacity_tokens"] == 512 * 16
+    assert over["kv_capacity_scale"] == pytest.approx(base["kv_capacity_scale"] / 2)
+    assert m.cell_overrides(config) == {}
+    moved = tmp_path / "moved.json"
+    same = tmp_path / "same.json"
+    assert m.main([str(run), "--seeds", "0", "--json", str(same)]) == 0
+    assert m.main([str(run), "--seeds", "0", "--concurrency", "9", "--num-blocks", "512",
+                   "--json", str(moved)]) == 0  # fmt: skip
+    a = json.loads(same.read_text())["coding"]["dynamo-agg"][0]
+    b = json.loads(moved.read_text())["coding"]["dynamo-agg"][0]
+    assert a["mean_e2e_s"] != b["mean_e2e_s"]
