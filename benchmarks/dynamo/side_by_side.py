@@ -310,6 +310,26 @@ class SideBySide:
             return {"error": f"replay exited {rc}"}
         return measured_metrics(out, leading_extra=server.deployment.leading_extra_chunk)
 
+    def _replay_alone(
+        self, dep: Deployment, run: WorkloadRun, limits: Limits, tag: str, timeout_s: float
+    ) -> Path | None:
+        """Start `dep`, replay `run` against it into OUT/<tag>/<label>, stop it; the
+        replay's folder, or None (and a failure recorded) when the replay failed."""
+        server = self._start(dep, run, tag)
+        try:
+            out = self.out / tag / dep.label
+            argv = replay_argv(self.evinfra, server.url, server.model, run, limits,
+                               dep.label, out, hints=dep.sends_hints)  # fmt: skip
+            self.commands.append(" ".join(argv))
+            log(f"{tag}: replaying against {dep.label}")
+            rc = run_bounded(argv, timeout_s, self.out / "logs" / f"{tag}-{dep.label}.log")
+        finally:
+            stop_server(server)
+        if rc != 0:
+            self.failures.append(f"{tag} on {dep.label}: replay exited {rc}")
+            return None
+        return out
+
     def probe(self) -> int:
         """The fixed per-request costs at zero load (`probe.py`): writes probe.json."""
         self.out.mkdir(parents=True, exist_ok=True)
@@ -322,18 +342,8 @@ class SideBySide:
         num_blocks = num_tiny_device_blocks(run.shape.block_size)
         results: dict[str, dict[str, Any]] = {}
         for dep in probe_deployments(self.args.num_nodes):
-            server = self._start(dep, run, "probe")
-            try:
-                out = self.out / "probe" / dep.label
-                argv = replay_argv(self.evinfra, server.url, server.model, run, limits,
-                                   dep.label, out, hints=dep.sends_hints)  # fmt: skip
-                self.commands.append(" ".join(argv))
-                log(f"probe: replaying against {dep.label}")
-                rc = run_bounded(argv, 120, self.out / "logs" / f"probe-{dep.label}.log")
-            finally:
-                stop_server(server)
-            if rc != 0:
-                self.failures.append(f"probe on {dep.label}: replay exited {rc}")
+            out = self._replay_alone(dep, run, limits, "probe", timeout_s=120)
+            if out is None:
                 continue
             cfg = probe_sim_config(dep, run, limits, num_blocks)
             measured = measured_rows(out, dep.leading_extra_chunk)
@@ -358,22 +368,12 @@ class SideBySide:
         run = WorkloadRun("decode-probe", trace=path, shape=shape, max_requests=100)
         limits = Limits(duration_s=trace.duration_s, drain_s=15.0, seed=self.limits.seed)
         measured: dict[str, list[float | None]] = {}
+        budget_s = limits.duration_s + limits.drain_s + 60
         for dep in (Deployment("dynamo-agg", num_nodes=1), Deployment("evinfra", num_nodes=1)):
-            server = self._start(dep, run, "decode-probe")
-            try:
-                out = self.out / "decode-probe" / dep.label
-                argv = replay_argv(self.evinfra, server.url, server.model, run, limits,
-                                   dep.label, out, hints=dep.sends_hints)  # fmt: skip
-                self.commands.append(" ".join(argv))
-                log(f"decode probe: replaying against {dep.label}")
-                budget = limits.duration_s + limits.drain_s + 60
-                rc = run_bounded(argv, budget, self.out / "logs" / f"decode-probe-{dep.label}.log")
-            finally:
-                stop_server(server)
-            if rc != 0:
-                self.failures.append(f"decode probe on {dep.label}: replay exited {rc}")
-                continue
-            measured[dep.label] = decode_probe.measured_gaps_ms(out, trace, dep.leading_extra_chunk)
+            out = self._replay_alone(dep, run, limits, "decode-probe", timeout_s=budget_s)
+            if out is not None:
+                gaps = decode_probe.measured_gaps_ms(out, trace, dep.leading_extra_chunk)
+                measured[dep.label] = gaps
         rows = decode_probe.results(trace, shape.kv_capacity_tokens, measured)
         payload = {"cases": rows, "kv_capacity_tokens": shape.kv_capacity_tokens,
                    "commit": git_head(), "trace": asdict(trace), "failures": self.failures,

@@ -169,14 +169,13 @@ def main(argv: list[str] | None = None) -> int:
             first = json.loads((folder / f"{systems[0]}.yaml").read_text())
             cut = args.num_blocks * int(first["block_size"])
         results: dict[str, list[SeedResult]] = {s: [] for s in systems}
+        cell = {"concurrency": args.concurrency, "num_blocks": args.num_blocks}
+        overrides = {s: cell_overrides(folder / f"{s}.yaml", **cell) for s in systems}
         print(f"## {w} (calls cut to {cut or 'no limit'} tokens), seeds {args.seeds}")
         for seed in seeds:
             cells = []
             for s in systems:
-                config = folder / f"{s}.yaml"
-                over = cell_overrides(config, concurrency=args.concurrency,
-                                      num_blocks=args.num_blocks)  # fmt: skip
-                r = simulate(config, seed, cut, over)
+                r = simulate(folder / f"{s}.yaml", seed, cut, overrides[s])
                 results[s].append(r)
                 cells.append(f"{s} {r.mean_e2e_s:6.3f} / {r.mean_e2e_with_unfinished_s:6.3f} "
                              f"({r.num_unfinished})")  # fmt: skip

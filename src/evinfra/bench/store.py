@@ -103,7 +103,7 @@ def _same_config(stored: dict[str, Any], current: dict[str, Any]) -> bool:
         default = json.loads(to_json(field.get_default(call_default_factory=True)))
         if current[key] != default:
             return False
-    return all(stored[k] == current.get(k) for k in stored) and stored.keys() <= current.keys()
+    return stored.keys() <= current.keys() and all(stored[k] == current[k] for k in stored)
 
 
 def load_timeseries(out: Path, run_id: str) -> list[dict[str, Any]]:
