@@ -29,11 +29,25 @@ class EvictionPolicy(Protocol):
     def remove_many(self, block_ids: Sequence[int]) -> None:
         """`remove` each block (a cached prefix acquired at once)."""
 
+    def run_at(self, block_id: int) -> int:
+        """How many blocks the `add_many` call whose first block is `block_id` added,
+        when all of them are still candidates from that call and none was taken, moved
+        or scored since (its order untouched); 0 otherwise. Mutates nothing."""
+
+    def remove_run(self, block_id: int) -> None:
+        """`remove_many` of the blocks of the untouched run `run_at(block_id)` counts."""
+
     def pop(self) -> int | None:
         """Remove and return the next victim, or None when there is none."""
 
     def bind_index(self, block_of: Callable[[int], int | None]) -> None:
         """The pool tells where each hash is held (for strategies that look hashes up)."""
+
+    def bind_blocks(self, refs: list[int]) -> bool:
+        """The pool lends its per-block reference counts, before any block is added.
+        Returns True when the strategy marks its candidates there itself (negative
+        words, `RunQueue.bind`'s contract): the pool then treats a word <= 0 as
+        unused and leaves a candidate's word to the strategy."""
 
     def __len__(self) -> int: ...
 
@@ -60,6 +74,16 @@ class LRUEviction:
 
     def bind_index(self, block_of: Callable[[int], int | None]) -> None:
         """LRU never looks hashes up."""
+
+    def bind_blocks(self, refs: list[int]) -> bool:
+        self._order.bind(refs)
+        return True
+
+    def run_at(self, block_id: int) -> int:
+        return self._order.run_at(block_id)
+
+    def remove_run(self, block_id: int) -> None:
+        self._order.remove_run(block_id)
 
     def pop(self) -> int | None:
         oldest = self._order.pop_front()
@@ -104,6 +128,17 @@ class ScoredEviction:
     def bind_index(self, block_of: Callable[[int], int | None]) -> None:
         """Where `rescore_hashes` finds the block holding a hash (the pool's index)."""
         self._block_of = block_of
+
+    def bind_blocks(self, refs: list[int]) -> bool:
+        """Candidates are kept in dicts here: the pool's counts stay as they are."""
+        return False
+
+    def run_at(self, block_id: int) -> int:
+        """Runs are not kept: a freed run is removed block by block."""
+        return 0
+
+    def remove_run(self, block_id: int) -> None:
+        raise ValueError(f"no run at block {block_id}: ScoredEviction keeps no runs")
 
     def add(self, block_id: int, block_hash: int) -> None:
         self._seq += 1

@@ -14,7 +14,6 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, islice, takewhile
-from operator import not_
 from typing import Protocol
 
 from evinfra.core.eviction import EvictionPolicy, LRUEviction
@@ -45,7 +44,39 @@ _Memo = tuple[tuple[int, ...], int, int, int, int, PrefixMatch]
 _MAX_MEMOS = 256
 _MAX_FREED_RUNS = 1024
 _MAX_RUN_LOOKBACK = 32
-"""How far from the end of a cached prefix `_ids_of` looks for a freed run ending there."""
+"""How far from the end of a cached prefix `_locate` looks for a freed run ending there."""
+
+
+class _FreedRun:
+    """A freed block list up to its last block with content, and (`mark` < 0) how to
+    know whether its blocks from `start` on are still the untouched run of candidates
+    that free made: queued tail first under that mark, none taken since
+    (`EvictionPolicy.run_at`)."""
+
+    __slots__ = ("block_ids", "hashes", "mark", "start")
+
+    def __init__(
+        self, block_ids: list[int], start: int, hashes: tuple[int, ...] | None, mark: int
+    ) -> None:
+        self.block_ids = block_ids
+        self.start = start
+        self.hashes = hashes
+        """What the blocks from `start` on held when freed (with a mark only)."""
+        self.mark = mark
+
+
+_UNUSED = (0).__ge__
+"""Whether a block's word is that of a block no one reads (0, or a candidate's mark)."""
+
+
+def _num_unused(counts: list[int]) -> int:
+    """How many of these reference counts are those of unused blocks (<= 0)."""
+    if not counts:
+        return 0
+    first = counts[0]
+    if counts.count(first) == len(counts):  # one freed run, or one holder: usual
+        return len(counts) if first <= 0 else 0
+    return sum(map(_UNUSED, counts))
 
 
 class PoolListenerLike(Protocol):
@@ -73,6 +104,8 @@ class KVPool:
         # per-block state grows as blocks are first handed out (ids in order), so a pool
         # of millions of blocks costs nothing until it is used
         self._ref: list[int] = []
+        """Readers of each block when > 0; 0 or (strategies that mark their candidates
+        here, `bind_blocks`) a negative mark when no one reads it."""
         self._hash: list[int | None] = []
         self._index: dict[int, int] = {}
         self._free: list[int] = []
@@ -89,11 +122,14 @@ class KVPool:
         # recent prompts' matches by tuple identity (the tuple is held, so its id is not
         # reused): the router, admission and the simulator ask about the same prompt
         self._memos: dict[int, _Memo] = {}
-        self._freed_runs: OrderedDict[int, list[int]] = OrderedDict()
+        self._freed_runs: OrderedDict[int, _FreedRun] = OrderedDict()
         """Recently freed block lists up to their last block with content, by that
         block's hash (a chained hash names its whole prefix): a session's next call
         acquires that run again, found without an index lookup per block."""
         self.eviction.bind_index(self._index.get)
+        self._marked = self.eviction.bind_blocks(self._ref)
+        """The strategy marks its candidates' words itself: a block freed into it needs
+        no 0 written first."""
 
     # -- queries ---------------------------------------------------------------------
     @property
@@ -131,11 +167,11 @@ class KVPool:
     def can_allocate_after(self, num_blocks: int, cached_hashes: Sequence[int]) -> bool:
         """Whether `num_blocks` new blocks fit once `cached_hashes` (all indexed) are
         acquired: acquiring an unused cached block takes it off the evictable count."""
-        return self._fits_after(num_blocks, self._ids_of(cached_hashes))
+        return self._fits_after(num_blocks, self._locate(cached_hashes)[0])
 
     def _fits_after(self, num_blocks: int, cached_ids: list[int]) -> bool:
         # holding an unused cached block takes it off the evictable count
-        num_taken = list(map(self._ref.__getitem__, cached_ids)).count(0)
+        num_taken = _num_unused(list(map(self._ref.__getitem__, cached_ids)))
         return num_blocks <= self.num_free_blocks - num_taken
 
     @property
@@ -211,7 +247,7 @@ class KVPool:
         return self._hash[block_id]
 
     def ref_count(self, block_id: int) -> int:
-        return self._ref[block_id]
+        return max(self._ref[block_id], 0)
 
     def cached_hashes(self) -> list[int]:
         return list(self._index)
@@ -219,8 +255,11 @@ class KVPool:
     # -- mutations -------------------------------------------------------------------
     def acquire_cached(self, hashes: Sequence[int]) -> list[int]:
         """Take a reference on the device blocks of `hashes` (all must be indexed)."""
-        ids = self._ids_of(hashes)
-        self._acquire(ids)
+        ids, start, end = self._locate(hashes)
+        others = ids[:start] + ids[end:] if end else ids
+        counts = list(map(self._ref.__getitem__, others))
+        num_unused = end - start + _num_unused(counts)
+        self._acquire_located(ids, start, end, others, counts, num_unused)
         return ids
 
     def try_acquire_and_allocate(
@@ -229,34 +268,54 @@ class KVPool:
         """`acquire_cached(cached_hashes)` followed by `try_allocate(num_new)`, all or
         nothing: None (and nothing taken) when the new blocks would not fit once the
         cached ones are held. The cached blocks come first in the list returned."""
-        ids = self._ids_of(cached_hashes)
-        counts = list(map(self._ref.__getitem__, ids))
-        num_unused = counts.count(0)
+        ids, start, end = self._locate(cached_hashes)
+        others = ids[:start] + ids[end:] if end else ids
+        counts = list(map(self._ref.__getitem__, others))
+        num_unused = end - start + _num_unused(counts)
         if num_new > self.num_free_blocks - num_unused:
             return None
-        self._acquire_counted(ids, counts, num_unused)
+        self._acquire_located(ids, start, end, others, counts, num_unused)
         new_ids = self.try_allocate(num_new)
         assert new_ids is not None
         ids += new_ids
         return ids
 
-    def _ids_of(self, hashes: Sequence[int]) -> list[int]:
-        """The device blocks holding `hashes` (all indexed), in order. A run freed
-        recently that ends at one of the last hashes is checked block by block against
-        them (a block holding a hash is the index's entry for it) instead of looked up;
-        the few blocks after it (a context grown since, a prefix pulled) are looked up."""
-        runs = self._freed_runs
+    def _locate(self, hashes: Sequence[int]) -> tuple[list[int], int, int]:
+        """The device blocks holding `hashes` (all indexed), in order, and where in them
+        one untouched run of candidates lies, `ids[start:end]` (0, 0 if none is known).
+        A run freed recently that ends at one of the last hashes is taken instead of
+        looked up: its candidate part checked as a whole when the eviction strategy
+        still holds it untouched (each block then holds what it held when freed), the
+        rest block by block (a block holding a hash is the index's entry for it); the
+        few blocks after it (a context grown since, a prefix pulled) are looked up."""
+        runs, index = self._freed_runs, self._index
         for end in range(len(hashes), max(0, len(hashes) - _MAX_RUN_LOOKBACK), -1):
             run = runs.get(hashes[end - 1])
-            if run is not None and len(run) == end:
-                wanted = hashes[:end]
-                if list(map(self._hash.__getitem__, run)) == (
-                    wanted if type(wanted) is list else list(wanted)
+            if run is None or len(run.block_ids) != end:
+                continue
+            ids = run.block_ids
+            start = run.start
+            if (
+                run.mark
+                and self._ref[ids[-1]] == run.mark
+                and self.eviction.run_at(ids[-1]) == end - start
+            ):
+                if run.hashes == tuple(hashes[start:end]) and self._holds(
+                    ids[:start], hashes[:start]
                 ):
-                    return run + list(map(self._index.__getitem__, hashes[end:]))
-        return list(map(self._index.__getitem__, hashes))
+                    return ids + list(map(index.__getitem__, hashes[end:])), start, end
+            elif self._holds(ids, hashes[:end]):
+                return ids + list(map(index.__getitem__, hashes[end:])), 0, 0
+        return list(map(index.__getitem__, hashes)), 0, 0
 
-    def _remember_run(self, block_ids: Sequence[int]) -> None:
+    def _holds(self, block_ids: list[int], hashes: Sequence[int]) -> bool:
+        """Whether these blocks hold these hashes, in order."""
+        held = list(map(self._hash.__getitem__, block_ids))
+        return held == (hashes if type(hashes) is list else list(hashes))
+
+    def _remember_run(
+        self, block_ids: Sequence[int], cached_ids: list[int], cached_hashes: list[int]
+    ) -> None:
         held = self._hash
         end = len(block_ids)
         while end and held[block_ids[end - 1]] is None:  # a tail still filling
@@ -266,24 +325,65 @@ class KVPool:
         last = held[block_ids[end - 1]] if end else None
         if last is None:
             return
+        start, mark, hashes = 0, 0, None
+        num = len(cached_ids)
+        # the blocks up to `end` that went to the strategy (tail first, in one call) are
+        # usually its last ones (the first are shared, still read by others)
+        if (
+            self._marked
+            and 0 < num <= end
+            and cached_ids[0] == block_ids[end - 1]
+            and cached_ids[::-1] == list(block_ids[end - num : end])
+        ):
+            start, mark = end - num, min(self._ref[cached_ids[0]], 0)
+            hashes = tuple(reversed(cached_hashes))
         runs = self._freed_runs
         runs.pop(last, None)
-        runs[last] = list(block_ids[:end])
+        runs[last] = _FreedRun(list(block_ids[:end]), start, hashes, mark)
         if len(runs) > _MAX_FREED_RUNS:
             runs.popitem(last=False)
 
-    def _acquire(self, ids: list[int]) -> None:
-        counts = list(map(self._ref.__getitem__, ids))
-        self._acquire_counted(ids, counts, counts.count(0))
+    def _acquire_located(
+        self,
+        ids: list[int],
+        start: int,
+        end: int,
+        others: list[int],
+        counts: list[int],
+        num_unused: int,
+    ) -> None:
+        """Take a reference on `ids`: `ids[start:end]` one untouched run of candidates
+        (one call takes them from the strategy), `others` the rest, with reference
+        counts `counts`; `num_unused` unused blocks in all."""
+        if end:
+            self.eviction.remove_run(ids[end - 1])
+            self._num_in_use += end - start
+            ref = self._ref
+            for block_id in islice(ids, start, end):
+                ref[block_id] = 1
+            num_unused -= end - start
+        if others:
+            self._acquire_counted(others, counts, num_unused)
 
     def _acquire_counted(self, ids: list[int], counts: list[int], num_unused: int) -> None:
         # the hot path of every cache hit, given the blocks' reference counts: unused
-        # blocks leave the eviction candidates in one call, then every count goes up
-        # (the blocks of a prefix are distinct: chained hashes never repeat in one)
-        if num_unused:
-            self.eviction.remove_many(list(compress(ids, map(not_, counts))))
-            self._num_in_use += num_unused
+        # blocks leave the eviction candidates in one call (their words are overwritten
+        # right after, as `bind_blocks` asks), then every count goes up (the blocks of a
+        # prefix are distinct: chained hashes never repeat in one)
         ref = self._ref
+        if num_unused == len(ids):  # a freed context taken up again: usual
+            if ids:
+                self.eviction.remove_many(ids)
+                self._num_in_use += num_unused
+            for block_id in ids:
+                ref[block_id] = 1
+            return
+        if num_unused:
+            self.eviction.remove_many(list(compress(ids, map(_UNUSED, counts))))
+            self._num_in_use += num_unused
+            for block_id, count in zip(ids, counts, strict=True):
+                ref[block_id] = count + 1 if count > 0 else 1
+            return
         for block_id, count in zip(ids, counts, strict=True):
             ref[block_id] = count + 1
 
@@ -376,34 +476,40 @@ class KVPool:
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference on each block. Pass a sequence's blocks in order: they are
         released tail first, so LRU evicts a finished sequence's tail before its prefix."""
-        self._release(block_ids)
-        self._remember_run(block_ids)
+        cached_ids, cached_hashes = self._release(block_ids)
+        self._remember_run(block_ids, cached_ids, cached_hashes)
 
-    def _release(self, block_ids: Sequence[int]) -> None:
+    def _release(self, block_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Drop a reference on each block, tail first; returns the blocks that became
+        candidates, in the order given to the strategy, with their hashes."""
         refs, hashes = self._ref, self._hash
         cached_ids: list[int] = []
         cached_hashes: list[int] = []
         empty = self._free
         num_empty_before = len(empty)
+        marked = self._marked
         for block_id in reversed(block_ids):
             ref = refs[block_id]
             if ref == 1:
-                refs[block_id] = 0
                 # content held by a block is always the index's entry for it (commit,
                 # prefetch and import set both; _forget clears both)
                 h = hashes[block_id]
                 if h is None:
+                    refs[block_id] = 0
                     empty.append(block_id)
                 else:
+                    if not marked:
+                        refs[block_id] = 0
                     cached_ids.append(block_id)
                     cached_hashes.append(h)
             elif ref > 1:
                 refs[block_id] = ref - 1
             else:
-                raise ValueError(f"free of block {block_id} with ref count {ref}")
+                raise ValueError(f"free of block {block_id} with ref count {max(ref, 0)}")
         if cached_ids:
             self.eviction.add_many(cached_ids, cached_hashes)
         self._num_in_use -= len(cached_ids) + len(empty) - num_empty_before
+        return cached_ids, cached_hashes
 
     def drop(self, hashes: Sequence[int]) -> int:
         """Free dead content at once (compaction, truncation, a finished session): unused
@@ -412,8 +518,9 @@ class KVPool:
         n = 0
         for h in hashes:
             block_id = self._index.get(h)
-            if block_id is not None and self._ref[block_id] == 0:
+            if block_id is not None and self._ref[block_id] <= 0:
                 self.eviction.remove(block_id)
+                self._ref[block_id] = 0
                 self._forget(block_id, offload=False)
                 self._free.append(block_id)
                 n += 1
@@ -427,8 +534,9 @@ class KVPool:
         n = 0
         for h in hashes:
             block_id = self._index.get(h)
-            if block_id is not None and self._ref[block_id] == 0:
+            if block_id is not None and self._ref[block_id] <= 0:
                 self.eviction.remove(block_id)
+                self._ref[block_id] = 0
                 self._forget(block_id, offload=True)
                 self._free.append(block_id)
                 n += 1
@@ -488,7 +596,8 @@ class KVPool:
         for block_id in list(self._index.values()):
             self.eviction.remove(block_id)
             self._forget(block_id, offload=False)
-        self._ref, self._hash, self._free = [], [], []
+        self._ref.clear()  # the list the strategy was bound to
+        self._hash, self._free = [], []
         self._freed_runs.clear()
         self._version += 1
         self._num_removals += 1
@@ -509,6 +618,9 @@ class KVPool:
         evictable = {b for b in range(seen) if b in self.eviction}
         if len(evictable) != len(self.eviction):
             raise AssertionError("eviction strategy holds unknown blocks")
+        marked = {b for b in range(seen) if self._ref[b] < 0}
+        if marked - evictable or (marked and not self._marked):
+            raise AssertionError(f"blocks {sorted(marked - evictable)[:5]} marked, not candidates")
         if free & in_use or free & evictable or in_use & evictable:
             raise AssertionError("a block is in two states")
         num_free = len(free) + self._num_fresh
@@ -519,8 +631,6 @@ class KVPool:
             )
         if len(in_use) != self._num_in_use:
             raise AssertionError(f"in-use counter {self._num_in_use} != {len(in_use)}")
-        if any(r < 0 for r in self._ref):
-            raise AssertionError("negative ref count")
         for h, block_id in self._index.items():
             if self._hash[block_id] != h:
                 raise AssertionError(f"index entry {h:x} points at block {block_id} without it")

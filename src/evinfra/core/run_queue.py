@@ -2,10 +2,15 @@
 once): the order is kept per run, not per block.
 
 An `OrderedDict` keeps a linked node per block, and a freed 30k-token context is 500
-blocks; here a run of any length is one list, and each block costs one plain dict entry
-(block id -> the run holding it) set in one C-level update. Removal deletes that entry and
-counts the run down (a context acquired again is one run emptied at once, dropped whole);
-a live run's entries for blocks that left are skipped when the front reaches them.
+blocks; here a run of any length is one list, and a block's membership is one word in a
+list indexed by block id: minus the key of the run that holds its live entry, 0 when it
+is not queued. A KV pool lends its own reference-count list for those words (`bound`):
+a block is in use, free or queued, never two of them, so the pool's count and the
+queue's mark share one slot, and freeing a context or acquiring it again writes each
+block's word once, in the pool's pass, instead of also churning a dict of a million
+entries. Removal counts the run down (a context acquired again is one run emptied at
+once, dropped whole); a live run's entries for blocks that left are skipped when the
+front reaches them.
 Order: the order of `add`/`add_many` calls, a run in its own order; a block added again
 while queued moves to the back.
 """
@@ -14,9 +19,6 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
-from itertools import compress, repeat
-from operator import is_
-from typing import cast
 
 _MIN_STALE_TO_COMPACT = 65536
 
@@ -35,23 +37,42 @@ class _Run:
 
 
 class RunQueue:
-    def __init__(self) -> None:
-        self._run_of: dict[int, int] = {}
-        """Queued block id -> key of the run that holds its live entry."""
+    def __init__(self, words: list[int] | None = None) -> None:
+        self._words: list[int] = [] if words is None else words
+        """Per block id: -key of the run holding its live entry when queued, else >= 0."""
+        self._bound = words is not None
+        """The words belong to an owner (a KV pool) that keeps the contract of `bind`."""
         self._runs: OrderedDict[int, _Run] = OrderedDict()
         """Runs with a queued block, by key, oldest first."""
         self._front: _Run | None = None
         """The first of `_runs` when last looked up: still first while it has a live
         entry (runs only join at the back)."""
         self._num_runs_added = 0
+        self._num_queued = 0
         self._num_entries = 0
         """Entries in the runs from their starts on: queued blocks plus stale entries."""
 
+    def bind(self, words: list[int]) -> None:
+        """Use the owner's per-block words (a pool's reference counts, where a queued
+        block's count is 0 or was written 0 before it was added) from now on. The owner
+        adds only blocks that are not queued, each once, and overwrites the word of
+        every block it has `remove_many` take out (with a count or 0) before it asks the
+        queue anything else; `remove` and `pop_front` write 0 themselves."""
+        if self._num_queued:
+            raise ValueError("bind a run queue before anything is queued")
+        self._words = words
+        self._bound = True
+
     def __len__(self) -> int:
-        return len(self._run_of)
+        return self._num_queued
 
     def __contains__(self, block_id: object) -> bool:
-        return block_id in self._run_of
+        words = self._words
+        return type(block_id) is int and 0 <= block_id < len(words) and words[block_id] < 0
+
+    def _word(self, block_id: int) -> int:
+        words = self._words
+        return words[block_id] if 0 <= block_id < len(words) else 0
 
     def add(self, block_id: int, block_hash: int) -> None:
         self.add_many([block_id], [block_hash])
@@ -62,56 +83,93 @@ class RunQueue:
             raise ValueError(f"{len(block_ids)} blocks with {len(block_hashes)} hashes")
         if not block_ids:
             return
-        key = self._num_runs_added
-        self._num_runs_added += 1
         ids = list(block_ids)
-        run_of = self._run_of
-        num_before = len(run_of)
-        self._runs[key] = _Run(key, ids, list(block_hashes))
-        run_of.update(zip(ids, repeat(key)))
+        hashes = list(block_hashes)
+        if not self._bound:
+            ids, hashes = self._make_room(ids, hashes)
+        self._num_runs_added += 1
+        key = self._num_runs_added
+        self._runs[key] = _Run(key, ids, hashes)
+        words, neg = self._words, -key
+        for block_id in ids:
+            words[block_id] = neg
+        self._num_queued += len(ids)
         self._num_entries += len(ids)
-        if len(run_of) - num_before != len(ids):
-            self._compact()  # blocks queued already or repeated: count every run again
-        elif self._num_entries > 4 * len(run_of) + _MIN_STALE_TO_COMPACT:
+        if self._num_entries > 4 * self._num_queued + _MIN_STALE_TO_COMPACT:
             self._compact()
+
+    def _make_room(self, ids: list[int], hashes: list[int]) -> tuple[list[int], list[int]]:
+        """Without an owner: grow the words, take queued blocks out first (they move to
+        the back) and keep a block repeated in one call once, at its first place."""
+        top = max(ids)
+        if top < 0:
+            raise ValueError(f"negative block id {top}")
+        if top >= len(self._words):
+            self._words.extend([0] * (top + 1 - len(self._words)))
+        self.remove_many(ids)
+        if len(set(ids)) != len(ids):
+            first = dict(zip(reversed(ids), reversed(hashes), strict=True))
+            kept = list(dict.fromkeys(ids))
+            return kept, [first[b] for b in kept]
+        return ids, hashes
 
     def remove(self, block_id: int) -> bool:
         """Take a block out of the queue; False if it was not queued."""
-        key = self._run_of.pop(block_id, None)
-        if key is None:
+        word = self._word(block_id)
+        if word >= 0:
             return False
-        self._count_down(key, 1)
+        self._words[block_id] = 0
+        self._count_down(-word, 1)
         return True
 
     def remove_many(self, block_ids: Sequence[int]) -> list[int]:
-        """Take the blocks out of the queue; returns those that were not queued, in order."""
-        found = list(map(self._run_of.pop, block_ids, repeat(None)))
-        if found:
-            first = found[0]
-            # one run, usually (a context acquired again): its key is one object, so
-            # counting it is identity checks in C, and no None can hide among them
-            if first is not None and found.count(first) == len(found):
-                self._count_down(first, len(found))
-                return []
-        missing: list[int] = []
-        keys: list[int]
-        if None in found:
-            missing = list(compress(block_ids, map(is_, found, repeat(None))))
-            keys = [k for k in found if k is not None]
-        else:
-            keys = cast(list[int], found)  # no None in it
-        if keys:
-            first = keys[0]
-            if keys[-1] == first and keys.count(first) == len(keys):  # one run, usually
-                self._count_down(first, len(keys))
-            else:
-                for key, num in Counter(keys).items():
-                    self._count_down(key, num)
+        """Take the blocks out of the queue; returns those that were not queued, in order.
+        Bound to an owner, the words of blocks taken out are left for it to overwrite."""
+        if not self._bound:
+            return [b for b in block_ids if not self.remove(b)]
+        found = list(map(self._words.__getitem__, block_ids))
+        if not found:
+            return []
+        first = found[0]
+        # one run, usually (a context acquired again): its word is one object, so
+        # counting it is identity checks in C
+        if first < 0 and found.count(first) == len(found):
+            self._count_down(-first, len(found))
+            return []
+        missing = [b for b, word in zip(block_ids, found, strict=True) if word >= 0]
+        for neg_key, num in Counter(w for w in found if w < 0).items():
+            self._count_down(-neg_key, num)
         return missing
+
+    def run_at(self, block_id: int) -> int:
+        """How many blocks the `add_many` call that queued `block_id` first added, when
+        they are all still queued in that run and none was taken out (0 otherwise)."""
+        word = self._word(block_id)
+        if word >= 0:
+            return 0
+        run = self._runs[-word]
+        if run.start or run.num_live != len(run.block_ids) or run.block_ids[0] != block_id:
+            return 0
+        return run.num_live
+
+    def remove_run(self, block_id: int) -> None:
+        """Take out the whole untouched run `run_at(block_id)` counts, in O(1) when
+        bound (the owner overwrites its blocks' words, as after `remove_many`)."""
+        num = self.run_at(block_id)
+        if not num:
+            raise ValueError(f"block {block_id} heads no untouched run")
+        run = self._runs.pop(-self._words[block_id])
+        run.num_live = 0  # no longer the front either
+        self._num_queued -= num
+        self._num_entries -= num
+        if not self._bound:
+            for b in run.block_ids:
+                self._words[b] = 0
 
     def _count_down(self, key: int, num_removed: int) -> None:
         run = self._runs[key]
         run.num_live -= num_removed
+        self._num_queued -= num_removed
         if not run.num_live:
             del self._runs[key]
             self._num_entries -= len(run.block_ids) - run.start
@@ -123,65 +181,61 @@ class RunQueue:
             if not self._runs:
                 return None
             run = self._front = next(iter(self._runs.values()))
-        run_of = self._run_of
-        ids, key, i = run.block_ids, run.key, run.start
+        words = self._words
+        ids, neg, i = run.block_ids, -run.key, run.start
         end = len(ids)
         while i < end:
             block_id = ids[i]
             i += 1
-            if run_of.get(block_id) == key:
-                del run_of[block_id]
+            if words[block_id] == neg:
+                words[block_id] = 0
                 self._num_entries -= i - run.start
+                self._num_queued -= 1
                 run.start = i
                 run.num_live -= 1
                 if not run.num_live:
-                    del self._runs[key]
+                    del self._runs[run.key]
                     self._num_entries -= end - i
                 return block_id, run.block_hashes[i - 1]
-        raise AssertionError(f"run {key} counted live blocks it does not hold")
+        raise AssertionError(f"run {run.key} counted live blocks it does not hold")
 
     def items(self) -> Iterator[tuple[int, int]]:
         """Queued (block id, hash) pairs, oldest first."""
-        run_of = self._run_of
+        words = self._words
         for run in self._runs.values():
-            key = run.key
+            neg = -run.key
             for i in range(run.start, len(run.block_ids)):
-                block_id = run.block_ids[i]
-                if run_of.get(block_id) == key:
-                    yield block_id, run.block_hashes[i]
+                if words[run.block_ids[i]] == neg:
+                    yield run.block_ids[i], run.block_hashes[i]
 
     def _compact(self) -> None:
-        """Keep only live entries (the first of a block repeated in a run), recounted.
-        O(entries): run when stale entries outnumber queued blocks several times over,
-        so O(1) per removal."""
-        run_of = self._run_of
+        """Keep only live entries. O(entries): run when stale entries outnumber queued
+        blocks several times over, so O(1) per removal."""
         kept: OrderedDict[int, _Run] = OrderedDict()
         for key, run in self._runs.items():
-            ids: list[int] = []
-            hashes: list[int] = []
-            seen: set[int] = set()
-            for i in range(run.start, len(run.block_ids)):
-                block_id = run.block_ids[i]
-                if run_of.get(block_id) == key and block_id not in seen:
-                    seen.add(block_id)
-                    ids.append(block_id)
-                    hashes.append(run.block_hashes[i])
-            if ids:
+            live = [(b, h) for b, h in self._entries(run) if self._words[b] == -key]
+            if live:
+                ids, hashes = (list(column) for column in zip(*live, strict=True))
                 kept[key] = _Run(key, ids, hashes)
         self._runs = kept
         self._front = None
-        self._num_entries = len(run_of)
+        self._num_entries = self._num_queued
+
+    @staticmethod
+    def _entries(run: _Run) -> Iterator[tuple[int, int]]:
+        return zip(run.block_ids[run.start :], run.block_hashes[run.start :], strict=True)
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless every queued block has exactly one live entry, each
-        run's live count is right and no run is empty."""
-        run_of = self._run_of
+        run's live count is right, no run is empty, and no block is marked queued
+        without a run."""
         live = [b for b, _ in self.items()]
-        if len(live) != len(set(live)) or set(live) != set(run_of):
+        if len(live) != len(set(live)) or len(live) != self._num_queued:
             raise AssertionError("queued blocks and live run entries differ")
+        if sum(1 for w in self._words if w < 0) != self._num_queued:
+            raise AssertionError("a block is marked queued without a live entry")
         for key, run in self._runs.items():
-            ids = run.block_ids[run.start :]
-            num_live = sum(1 for b in ids if run_of.get(b) == key)
+            num_live = sum(1 for b, _ in self._entries(run) if self._words[b] == -key)
             if num_live != run.num_live or not num_live:
                 raise AssertionError(f"run {key} counts {run.num_live} live of {num_live}")
         entries = sum(len(run.block_ids) - run.start for run in self._runs.values())

@@ -40,6 +40,17 @@ class TieredEviction:
     def bind_index(self, block_of: Callable[[int], int | None]) -> None:
         self._block_of = block_of
 
+    def bind_blocks(self, refs: list[int]) -> bool:
+        """Unscored candidates are marked in the pool's counts (`RunQueue.bind`)."""
+        self._pending.bind(refs)
+        return True
+
+    def run_at(self, block_id: int) -> int:
+        return self._pending.run_at(block_id)
+
+    def remove_run(self, block_id: int) -> None:
+        self._pending.remove_run(block_id)
+
     def _tier(self, block_hash: int) -> int:
         score = self._scorer(block_hash)
         self.num_scored += 1

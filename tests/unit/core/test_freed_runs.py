@@ -5,7 +5,18 @@ after evictions reuse them, and never look at blocks a clear() forgot."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from evinfra.core.eviction import EvictionPolicy, LRUEviction, ScoredEviction
 from evinfra.core.kv_pool import KVPool
+from evinfra.core.tiered_eviction import TieredEviction
+
+
+def make_eviction(kind: str) -> EvictionPolicy:
+    """LRU and tiers mark their candidates in the pool's counts; scores do not."""
+    if kind == "lru":
+        return LRUEviction()
+    if kind == "tiered":
+        return TieredEviction(lambda h: float(h % 3 == 0), [0.0, 1.0])
+    return ScoredEviction(lambda h: float(h % 2))
 
 
 def run_of(pool: KVPool, hashes: tuple[int, ...], num_tail: int = 1) -> list[int]:
@@ -20,7 +31,7 @@ def test_a_freed_run_is_acquired_again_as_the_same_blocks() -> None:
     pool = KVPool(16)
     ids = run_of(pool, (1, 2, 3))
     pool.free(ids)
-    assert pool._freed_runs[3] == ids[:3]  # keyed by the last hash, tail left out
+    assert pool._freed_runs[3].block_ids == ids[:3]  # keyed by the last hash, tail left out
     again = pool.try_acquire_and_allocate((1, 2, 3), 2)
     assert again is not None and again[:3] == ids[:3]
     pool.check_integrity()
@@ -49,12 +60,33 @@ def test_clear_forgets_the_runs() -> None:
     assert pool.try_acquire_and_allocate((1,), 0) == [pool.block_of(1)]
 
 
+def test_an_untouched_run_is_taken_whole_and_a_touched_one_block_by_block() -> None:
+    pool = KVPool(16)
+    ids = run_of(pool, (1, 2, 3))
+    pool.free(ids)
+    assert pool.eviction.run_at(ids[2]) == 3  # queued tail first, in one call
+    again = pool.try_acquire_and_allocate((1, 2, 3), 1)
+    assert again is not None and again[:3] == ids[:3]
+    assert [pool.ref_count(b) for b in again] == [1, 1, 1, 1]
+    pool.free(again)
+    shared = pool.try_acquire_and_allocate((1,), 0)  # another sequence takes the head
+    assert shared == ids[:1] and pool.eviction.run_at(ids[2]) == 0
+    assert pool.try_acquire_and_allocate((1, 2, 3), 0) == ids[:3]
+    assert [pool.ref_count(b) for b in ids[:3]] == [2, 1, 1]
+    pool.check_integrity()
+
+
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 4), st.integers(0, 6), st.booleans()), max_size=30))
-def test_acquired_blocks_are_always_the_index_blocks(steps: list[tuple[int, int, bool]]) -> None:
+@given(
+    st.lists(st.tuples(st.integers(1, 4), st.integers(0, 6), st.booleans()), max_size=30),
+    st.sampled_from(["lru", "tiered", "scored"]),
+)
+def test_acquired_blocks_are_always_the_index_blocks(
+    steps: list[tuple[int, int, bool]], eviction: str
+) -> None:
     """Sessions (1..4) whose contexts grow by a few blocks per call, freed and acquired
     again, in a pool small enough to evict."""
-    pool = KVPool(12)
+    pool = KVPool(12, eviction=make_eviction(eviction))
     contexts: dict[int, tuple[int, ...]] = {}
     for session, num_new, keep in steps:
         prompt = contexts.get(session, ())

@@ -43,42 +43,94 @@ def test_remove_many_returns_the_blocks_not_queued() -> None:
         queue.add_many([4, 5], [1])
 
 
+def test_an_untouched_run_is_taken_whole() -> None:
+    queue = make_queue([3, 1, 2], [7, 5], [9])
+    assert (queue.run_at(3), queue.run_at(1), queue.run_at(7)) == (3, 0, 2)
+    queue.remove(5)
+    assert queue.run_at(7) == 0  # touched
+    queue.remove_run(3)
+    assert list(queue.items()) == [(7, 107), (9, 109)]
+    assert queue.pop_front() == (7, 107)
+    with pytest.raises(ValueError, match="untouched"):
+        queue.remove_run(7)
+    queue.check_integrity()
+
+
+def test_bound_to_an_owner_the_queue_marks_its_words() -> None:
+    words = [0] * 8
+    queue = RunQueue(words)
+    queue.add_many([4, 2], [14, 12])
+    assert words[4] == words[2] < 0 and 4 in queue and 3 not in queue
+    queue.remove_run(4)
+    words[4] = words[2] = 1  # the owner overwrites them (a pool: a reference count)
+    queue.check_integrity()
+    assert len(queue) == 0 and queue.pop_front() is None
+
+
 ops = st.lists(
     st.one_of(
         st.tuples(st.just("add"), st.lists(st.integers(0, 30), max_size=8, unique=True)),
         st.tuples(st.just("remove"), st.lists(st.integers(0, 30), max_size=8)),
         st.tuples(st.just("pop"), st.integers(1, 4)),
+        st.tuples(st.just("take"), st.integers(0, 30)),
     ),
     max_size=60,
 )
 
 
 @settings(max_examples=300, deadline=None)
-@given(ops)
-def test_same_order_as_an_ordered_dict(steps: list[tuple[str, object]]) -> None:
+@given(ops, st.booleans())
+def test_same_order_as_an_ordered_dict(steps: list[tuple[str, object]], bound: bool) -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(run_queue, "_MIN_STALE_TO_COMPACT", 2)  # compact often
-        check_against_ordered_dict(steps)
+        check_against_ordered_dict(steps, bound)
 
 
-def check_against_ordered_dict(steps: list[tuple[str, object]]) -> None:
-    queue = RunQueue()
+def check_against_ordered_dict(steps: list[tuple[str, object]], bound: bool) -> None:
+    """Bound, the test is the owner: it adds only blocks not queued and overwrites the
+    words of blocks it takes out."""
+    words = [0] * 31
+    queue = RunQueue(words) if bound else RunQueue()
     model: OrderedDict[int, int] = OrderedDict()
+    runs: list[list[int]] = []  # each add call's blocks, while untouched
     for i, (op, arg) in enumerate(steps):
         if op == "add":
             assert isinstance(arg, list)
+            if bound:
+                arg = [b for b in arg if b not in model]
+            runs = [r for r in runs if not set(r) & set(arg)]
             for b in arg:  # a queued block added again moves to the back
                 model.pop(b, None)
                 model[b] = 1000 * i + b
             queue.add_many(arg, [1000 * i + b for b in arg])
+            if arg:
+                runs.append(list(arg))
         elif op == "remove":
             assert isinstance(arg, list)
+            if bound:
+                arg = list(dict.fromkeys(arg))
+            runs = [r for r in runs if not set(r) & set(arg)]
             missing = [b for b in arg if model.pop(b, None) is None]
             assert queue.remove_many(arg) == missing
+            if bound:
+                for b in arg:
+                    words[b] = 0
+        elif op == "take":
+            assert isinstance(arg, int)
+            run = next((r for r in runs if r[0] == arg), None)
+            assert queue.run_at(arg) == (len(run) if run else 0)
+            if run:
+                queue.remove_run(arg)
+                runs.remove(run)
+                for b in run:
+                    del model[b]
+                    words[b] = 0
         else:
             assert isinstance(arg, int)
             for _ in range(arg):
                 expected = model.popitem(last=False) if model else None
+                if expected is not None:
+                    runs = [r for r in runs if expected[0] not in r]
                 assert queue.pop_front() == expected
         queue.check_integrity()
         assert list(queue.items()) == list(model.items())
