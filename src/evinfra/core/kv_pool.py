@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress, islice, takewhile
+from itertools import compress, filterfalse, islice, takewhile
 from typing import Protocol
 
 from evinfra.core.eviction import EvictionPolicy, LRUEviction
@@ -67,6 +67,11 @@ class _FreedRun:
 
 _UNUSED = (0).__ge__
 """Whether a block's word is that of a block no one reads (0, or a candidate's mark)."""
+
+
+def _as_list(items: Sequence[int]) -> list[int]:
+    """`items` itself when it is a list (a fresh slice), else a list of it."""
+    return items if type(items) is list else list(items)
 
 
 def _num_unused(counts: list[int]) -> int:
@@ -333,13 +338,13 @@ class KVPool:
             self._marked
             and 0 < num <= end
             and cached_ids[0] == block_ids[end - 1]
-            and cached_ids[::-1] == list(block_ids[end - num : end])
+            and cached_ids[::-1] == _as_list(block_ids[end - num : end])
         ):
             start, mark = end - num, min(self._ref[cached_ids[0]], 0)
             hashes = tuple(reversed(cached_hashes))
         runs = self._freed_runs
         runs.pop(last, None)
-        runs[last] = _FreedRun(list(block_ids[:end]), start, hashes, mark)
+        runs[last] = _FreedRun(_as_list(block_ids[:end]), start, hashes, mark)
         if len(runs) > _MAX_FREED_RUNS:
             runs.popitem(last=False)
 
@@ -549,9 +554,7 @@ class KVPool:
         ids: list[int] = []
         brought: list[int] = []
         index, host = self._index, self.host
-        for h in hashes:
-            if h in index:
-                continue
+        for h in filterfalse(index.__contains__, hashes):  # checked as the loop reaches h
             if h not in host:
                 break
             block_id = self._take_empty()
@@ -573,7 +576,7 @@ class KVPool:
         if needed (a prefix pulled ahead of a prefill). Returns blocks installed: the
         first ones missing here, as many as fit."""
         index = self._index
-        missing = list(dict.fromkeys(h for h in hashes if h not in index))
+        missing = list(dict.fromkeys(filterfalse(index.__contains__, hashes)))
         missing = missing[: self.num_free_blocks]
         if not missing:
             return 0

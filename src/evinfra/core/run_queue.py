@@ -55,7 +55,8 @@ class RunQueue:
     def bind(self, words: list[int]) -> None:
         """Use the owner's per-block words (a pool's reference counts, where a queued
         block's count is 0 or was written 0 before it was added) from now on. The owner
-        adds only blocks that are not queued, each once, and overwrites the word of
+        adds only blocks that are not queued, each once, hands over the lists it adds
+        (never changed after), and overwrites the word of
         every block it has `remove_many` take out (with a count or 0) before it asks the
         queue anything else; `remove` and `pop_front` write 0 themselves."""
         if self._num_queued:
@@ -83,8 +84,10 @@ class RunQueue:
             raise ValueError(f"{len(block_ids)} blocks with {len(block_hashes)} hashes")
         if not block_ids:
             return
-        ids = list(block_ids)
-        hashes = list(block_hashes)
+        if self._bound and type(block_ids) is list and type(block_hashes) is list:
+            ids, hashes = block_ids, block_hashes  # the owner's, handed over: not copied
+        else:
+            ids, hashes = list(block_ids), list(block_hashes)
         if not self._bound:
             ids, hashes = self._make_room(ids, hashes)
         self._num_runs_added += 1

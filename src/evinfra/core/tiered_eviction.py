@@ -83,10 +83,11 @@ class TieredEviction:
     def pop(self) -> int | None:
         """The oldest block of the lowest tier, its tier read again first (a block whose
         tier changed since it was read moves to its new tier and the search goes on)."""
-        tiers, pending = self._tiers, self._pending
+        tiers, pending, tier_of = self._tiers, self._pending, self._tier
         floor = tiers[0]
         # score the unscored, oldest first, until one lands in the lowest tier: it beats
-        # every block freed after it (they would enter a tier after it)
+        # every block freed after it (they would enter a tier after it), and when that
+        # tier was empty it is the victim at once (it would enter and leave it)
         just_scored = None
         while True:
             while not floor:
@@ -94,8 +95,11 @@ class TieredEviction:
                 if oldest is None:
                     break
                 just_scored, block_hash = oldest
-                self._enter(tiers[self._tier(block_hash)], just_scored, block_hash)
-            lowest = next((t for t in tiers if t), None)
+                index = tier_of(block_hash)
+                if not index:
+                    return just_scored
+                self._enter(tiers[index], just_scored, block_hash)
+            lowest = next(filter(None, tiers), None)
             if lowest is None:
                 return None
             block_id, block_hash = next(iter(lowest.items()))
