@@ -91,7 +91,7 @@ def _log_seconds_axis(ax: Axes, which: str = "x") -> None:
         lo, hi = ax.get_ylim()
     decades = np.log10(max(hi, 1e-9) / max(lo, 1e-9))
     subs: tuple[float, ...] = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)
-    if decades < 0.7:
+    if decades < 1.2:  # about one decade: 1-2-5 can leave the lower half unlabelled
         subs = tuple(float(x) for x in range(1, 10))
     axis.set_major_locator(LogLocator(base=10, subs=subs))
     axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
