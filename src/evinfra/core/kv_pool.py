@@ -261,10 +261,7 @@ class KVPool:
     def acquire_cached(self, hashes: Sequence[int]) -> list[int]:
         """Take a reference on the device blocks of `hashes` (all must be indexed)."""
         ids, start, end = self._locate(hashes)
-        others = ids[:start] + ids[end:] if end else ids
-        counts = list(map(self._ref.__getitem__, others))
-        num_unused = end - start + _num_unused(counts)
-        self._acquire_located(ids, start, end, others, counts, num_unused)
+        self._acquire_located(ids, start, end, *self._outside_run(ids, start, end))
         return ids
 
     def try_acquire_and_allocate(
@@ -274,9 +271,7 @@ class KVPool:
         nothing: None (and nothing taken) when the new blocks would not fit once the
         cached ones are held. The cached blocks come first in the list returned."""
         ids, start, end = self._locate(cached_hashes)
-        others = ids[:start] + ids[end:] if end else ids
-        counts = list(map(self._ref.__getitem__, others))
-        num_unused = end - start + _num_unused(counts)
+        others, counts, num_unused = self._outside_run(ids, start, end)
         if num_new > self.num_free_blocks - num_unused:
             return None
         self._acquire_located(ids, start, end, others, counts, num_unused)
@@ -315,8 +310,16 @@ class KVPool:
 
     def _holds(self, block_ids: list[int], hashes: Sequence[int]) -> bool:
         """Whether these blocks hold these hashes, in order."""
-        held = list(map(self._hash.__getitem__, block_ids))
-        return held == (hashes if type(hashes) is list else list(hashes))
+        return list(map(self._hash.__getitem__, block_ids)) == _as_list(hashes)
+
+    def _outside_run(
+        self, ids: list[int], start: int, end: int
+    ) -> tuple[list[int], list[int], int]:
+        """For located blocks (`_locate`): the blocks outside the untouched run
+        `ids[start:end]`, their reference counts, and how many of `ids` are unused."""
+        others = ids[:start] + ids[end:] if end else ids
+        counts = list(map(self._ref.__getitem__, others))
+        return others, counts, end - start + _num_unused(counts)
 
     def _remember_run(
         self, block_ids: Sequence[int], cached_ids: list[int], cached_hashes: list[int]
@@ -520,15 +523,7 @@ class KVPool:
         """Free dead content at once (compaction, truncation, a finished session): unused
         device blocks go straight to the free list and host copies are forgotten. Blocks
         still read by a running sequence are left alone. Returns device blocks freed."""
-        n = 0
-        for h in hashes:
-            block_id = self._index.get(h)
-            if block_id is not None and self._ref[block_id] <= 0:
-                self.eviction.remove(block_id)
-                self._ref[block_id] = 0
-                self._forget(block_id, offload=False)
-                self._free.append(block_id)
-                n += 1
+        n = self._free_unused(hashes, offload=False)
         self.host.drop(hashes)
         self.num_dropped_blocks += n
         return n
@@ -536,13 +531,18 @@ class KVPool:
     def offload(self, hashes: Sequence[int]) -> int:
         """Move unused cached blocks to the host tier and free their device blocks now.
         Blocks in use are left alone. Returns device blocks freed."""
+        return self._free_unused(hashes, offload=True)
+
+    def _free_unused(self, hashes: Sequence[int], *, offload: bool) -> int:
+        """Take the unused device blocks holding `hashes` off the eviction candidates,
+        forget their content (a host copy kept when `offload`) and free them now."""
         n = 0
         for h in hashes:
             block_id = self._index.get(h)
             if block_id is not None and self._ref[block_id] <= 0:
                 self.eviction.remove(block_id)
                 self._ref[block_id] = 0
-                self._forget(block_id, offload=True)
+                self._forget(block_id, offload=offload)
                 self._free.append(block_id)
                 n += 1
         return n
