@@ -172,6 +172,61 @@ def test_kv_through_the_object_store_gives_the_aggregated_output() -> None:
     assert none_moved == 0
 
 
+class ScriptedRouter:
+    """Call i prefilled and decoded on `plan[i][0]`, pulling its prefix from `plan[i][1]`."""
+
+    def __init__(self, plan: Sequence[tuple[int, int | None]]) -> None:
+        self.plan = list(plan)
+        self.num_calls = 0
+
+    def route(self, request: Request, view: ClusterView, now_s: float) -> Route:
+        node, src = self.plan[self.num_calls]
+        self.num_calls += 1
+        return Route(node, node, src)
+
+
+PULL_CASES = [(prompt(9, 64), 12), (prompt(9, 64) + prompt(10, 20), 12)]
+
+
+async def run_scripted(cluster: LocalCluster, plan: Sequence[tuple[int, int | None]]) -> Run:
+    await cluster.start()
+    cluster.bundle.router = ScriptedRouter(plan)
+    run = Run()
+    try:
+        for ids, num_tokens in PULL_CASES:
+            tokens, error = await collect(cluster.generate(ids, num_tokens))
+            assert error is None
+            run.outputs.append(tokens)
+            await settle(cluster)
+        reports = await cluster.check_integrity()
+        assert all(r.ok and r.is_idle for r in reports), reports
+        run.kv_bytes = cluster.metrics.num_kv_bytes_moved
+        run.cached_tokens = cluster.metrics.num_cached_prompt_tokens
+        return run
+    finally:
+        await cluster.stop()
+
+
+@pytest.mark.parametrize("runtime", ["local", "ray"])
+def test_prefix_pulled_from_the_holder_is_reused_with_the_same_output(runtime: str) -> None:
+    """The second call's prefix (4 blocks) lives on node 0; placed on node 1 with a pull,
+    node 1 receives those blocks and computes only the rest; the tokens equal one node
+    serving both calls."""
+
+    def make(cfg: ClusterConfig) -> LocalCluster:
+        return LocalCluster(cfg) if runtime == "local" else RayCluster(cfg, NODE_OPTIONS)
+
+    cfg = config("round-robin", {})
+    pulled = asyncio.run(run_scripted(make(cfg), [(0, None), (1, 0)]))
+    one_node = asyncio.run(run_scripted(make(cfg), [(0, None), (0, None)]))
+    recomputed = asyncio.run(run_scripted(make(cfg), [(0, None), (1, None)]))
+    assert pulled.outputs == one_node.outputs == recomputed.outputs
+    assert pulled.cached_tokens == one_node.cached_tokens == 64
+    assert recomputed.cached_tokens == 0
+    assert pulled.kv_bytes == 4 * 16 * TIMED.kv_bytes_per_token  # 4 blocks of 16 tokens
+    assert one_node.kv_bytes == recomputed.kv_bytes == 0
+
+
 # -- failures ------------------------------------------------------------------------------
 FAIL_CASES = [(prompt(21, 70), 200), (prompt(22, 45), 200)]
 

@@ -18,6 +18,7 @@ from evinfra.serve.protocol import (
     FinishReason,
     Generation,
     KVPayload,
+    PrefixPull,
     RequestFailed,
     Sampling,
     Submit,
@@ -71,12 +72,18 @@ class Cluster:
         self._seq = 0
 
     def submit(
-        self, rid: int, prompt: list[int], max_tokens: int, prefill: int, decode: int
+        self,
+        rid: int,
+        prompt: list[int],
+        max_tokens: int,
+        prefill: int,
+        decode: int,
+        pull_from: int | None = None,
     ) -> None:
         self._seq += 1
         req = Request(rid, tuple(hash_token_blocks(prompt, BLOCK)), len(prompt), max_tokens)
         gen = Generation(tuple(prompt), frozenset(), Sampling())
-        self.inboxes[prefill].put(Submit(req, gen, decode, self._seq))
+        self.inboxes[prefill].put(Submit(req, gen, decode, self._seq, pull_from))
 
     def run(self, max_rounds: int = 10_000) -> None:
         for _ in range(max_rounds):
@@ -85,6 +92,7 @@ class Cluster:
                 while not w.inbox.empty():
                     w.handle(w.inbox.get_nowait())
                     progressed = True
+                w._expire_pulls()
                 progressed |= w.step()
                 w._flush()
             while not self.outbox.empty():
@@ -234,3 +242,93 @@ def test_text_stream_holds_back_a_possible_stop_string() -> None:
     assert stream.stopped and stream.text == "hello "
     assert sent + stream.finish() == "hello "
     assert stream.num_tokens == len(tok.encode("hello EN")) + 1
+
+
+def _first_cached(c: Cluster, rid: int) -> int | None:
+    return next(
+        e.num_cached_tokens
+        for e in c.events
+        if isinstance(e, TokensOut) and e.request_id == rid and e.num_cached_tokens is not None
+    )
+
+
+def test_prefix_pull_moves_the_holders_blocks_and_keeps_the_output() -> None:
+    """Node 0 served a session's first call; its next call is prefilled on node 1, told to
+    pull the prefix from node 0: node 1 computes only what node 0 lacks, and the output
+    equals one node serving both calls (the timed executor's tokens come from its KV)."""
+    base, more = PROMPTS[3], [*PROMPTS[3], 7, 8, 9, 10, 11]
+    c, ref, cold = Cluster(2), Cluster(1), Cluster(2)
+    c.submit(0, base, 6, 0, 0)
+    ref.submit(0, base, 6, 0, 0)
+    cold.submit(0, base, 6, 0, 0)
+    for cl in (c, ref, cold):
+        cl.run()
+    c.submit(1, more, 6, 1, 1, pull_from=0)
+    ref.submit(1, more, 6, 0, 0)
+    cold.submit(1, more, 6, 1, 1)
+    for cl in (c, ref, cold):
+        cl.run()
+    assert c.tokens(1) == ref.tokens(1) and c.tokens(1)[1] is FinishReason.LENGTH
+    assert _first_cached(c, 1) == 16 == _first_cached(ref, 1)  # base's 4 full blocks
+    assert _first_cached(cold, 1) == 0  # without the pull node 1 computes everything
+    puller = c.workers[1]
+    assert puller.num_prefix_pulls == 1 and puller.num_prefix_blocks_pulled == 4
+    moved = sum(e.num_transfer_bytes for e in c.events if isinstance(e, TokensOut))
+    assert moved == 4 * BLOCK * puller.executor.kv_bytes_per_token
+    for w in c.workers:
+        w.sched.check_integrity()
+        assert w.sched.pool.num_used_blocks == 0 and not w.jobs and not w._pulling
+
+
+def test_prefix_pull_of_corrupted_bytes_changes_the_output() -> None:
+    """The pulled blocks are the ones the prefill reads: bad bytes cannot go unnoticed."""
+    c, ref = Cluster(2), Cluster(2)
+    original = c.workers[0].executor.read_blocks
+
+    def corrupt(ids: Any) -> Any:
+        data = original(ids)
+        data[:] = 7
+        return data
+
+    for cl in (c, ref):
+        cl.submit(0, PROMPTS[3], 6, 0, 0)
+        cl.run()
+    c.workers[0].executor.read_blocks = corrupt  # type: ignore[assignment]
+    for cl in (c, ref):
+        cl.submit(1, [*PROMPTS[3], 5, 6], 6, 1, 1, pull_from=0)
+        cl.run()
+    assert c.tokens(1)[0] != ref.tokens(1)[0]
+
+
+def test_prefix_pull_that_gets_no_answer_computes_after_the_timeout() -> None:
+    c = Cluster(3)
+    c.submit(0, PROMPTS[3], 6, 0, 0)
+    c.run()
+    silent = c.workers.pop(2)  # node 2 never answers
+    c.submit(1, PROMPTS[3], 6, 1, 1, pull_from=2)
+    c.run()
+    assert c.tokens(1) == ([], None) and 1 in c.workers[1]._pulling
+    assert c.workers[1].stats().num_waiting_requests == 1
+    c.workers[1].clock = lambda: 1e12  # past the deadline
+    c.run()
+    ref = Cluster(1)
+    ref.submit(1, PROMPTS[3], 6, 0, 0)
+    ref.run()
+    assert c.tokens(1) == ref.tokens(1)
+    assert isinstance(silent.inbox.get_nowait(), PrefixPull)
+
+
+def test_abort_while_pulling_leaves_nothing_and_drops_the_late_payload() -> None:
+    c = Cluster(2)
+    c.submit(0, PROMPTS[3], 6, 0, 0)
+    c.run()
+    c.submit(1, PROMPTS[3], 6, 1, 1, pull_from=0)
+    w1 = c.workers[1]
+    w1.handle(c.inboxes[1].get_nowait())  # the Submit: a PrefixPull goes to node 0
+    assert 1 in w1._pulling
+    c.inboxes[1].put(Abort(1))
+    c.run()  # node 1 sees the abort, then node 0's payload
+    assert c.tokens(1) == ([], None)
+    for w in c.workers:
+        w.sched.check_integrity()
+        assert w.sched.pool.num_used_blocks == 0 and not w.jobs and not w._pulling

@@ -49,6 +49,9 @@ class Submit:
     submit_seq: int
     """Per-node counter: stats echo the last one seen, so the frontend knows which of its
     submissions a snapshot already counts."""
+    pull_from: int | None = None
+    """A node holding more of the prompt's prefix than this one: pull those blocks' KV
+    from it (`PrefixPull`) before the prefill, instead of computing them again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,12 +124,24 @@ class KVPull:
 @dataclass(frozen=True, slots=True)
 class KVPayload:
     """Prefill node -> decode node: the bytes of the pulled blocks (None: the prefill node no
-    longer holds the request, so the decode node must drop it)."""
+    longer holds the request, so the decode node must drop it). Also the answer to a
+    `PrefixPull`, from the holder to the prefill node."""
 
     src_node: int
     request_id: int
     first_block: int
     data: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixPull:
+    """Prefill node -> the node the router named in `Submit.pull_from`: send the bytes of
+    the leading blocks of `hashes` you hold on device, as a `KVPayload` with first block 0
+    (the receiver knows the hashes it asked for; the payload's length says how many)."""
+
+    dst_node: int
+    request_id: int
+    hashes: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +231,7 @@ class IntegrityReport:
 
 WorkerMessage = (
     Submit | Abort | SetRole | ApplyKV | SetBlockScores | CheckIntegrity | Shutdown
-    | HandoffOffer | KVPull | KVPayload | HandoffCancel
+    | HandoffOffer | KVPull | KVPayload | HandoffCancel | PrefixPull
 )  # fmt: skip
 FrontendMessage = (
     WorkerReady | WorkerFailed | TokensOut | RequestFailed | NodeStats | IntegrityReport

@@ -123,7 +123,7 @@ class LocalCluster:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs, cost_model=config.cost_model,
             transfer_time_s=local_transfer_time_s,
-            can_pull_prefix=False,  # workers do not move prefixes between them yet
+            can_pull_prefix=True,  # a prefill pulls a held prefix (`Submit.pull_from`)
             eviction_in_process=False,  # each node's strategy is pickled into its worker
         )  # fmt: skip
         self.bundle: SystemBundle = make_system(self.system, shape, dict(config.system_options))
@@ -385,8 +385,18 @@ class LocalCluster:
         live.route = route
         self._live[live.request.request_id] = live
         prefill = self.nodes[route.prefill_node]
-        match = prefill.match_prefix(live.request.prompt_hashes)
-        uncached = max(0, live.request.num_prompt_tokens - match.num_blocks * prefill.block_size)
+        hashes = live.request.prompt_hashes
+        num_cached = prefill.match_prefix(hashes).num_blocks
+        pull_from = route.pull_from_node
+        if pull_from == route.prefill_node or (
+            pull_from is not None
+            and not (0 <= pull_from < len(self.nodes) and self.nodes[pull_from].alive)
+        ):
+            pull_from = None  # nothing to pull from itself; an unknown node: compute it
+        if pull_from is not None:
+            self.metrics.num_prefix_pulls += 1
+            num_cached = max(num_cached, self.nodes[pull_from].match_prefix(hashes).num_blocks)
+        uncached = max(0, live.request.num_prompt_tokens - num_cached * prefill.block_size)
         seq = prefill.record_submit(live.request.request_id, uncached)
         if route.is_disaggregated:
             decode = self.nodes[route.decode_node]
@@ -394,7 +404,8 @@ class LocalCluster:
                 live.request.num_prompt_tokens + 1
             )
         self._post(
-            route.prefill_node, Submit(live.request, live.generation, route.decode_node, seq)
+            route.prefill_node,
+            Submit(live.request, live.generation, route.decode_node, seq, pull_from),
         )
 
     def _on_tokens(self, msg: TokensOut) -> None:

@@ -4,7 +4,10 @@ The loop is the simulator's, on a real clock: read messages, `schedule()`, run t
 executor on the plan, `complete_step()`, publish. Token ids live here (the scheduler only
 counts them); as generated tokens fill blocks, their chained hashes are appended to the
 sequence so later turns hit the cache. A disaggregated request is prefilled here and its
-KV bytes pulled by its decode node (see `_on_handoff_offer`, `_on_kv_pull`).
+KV bytes pulled by its decode node (see `_on_handoff_offer`, `_on_kv_pull`). A prefill the
+router placed with a prefix pull (`Submit.pull_from`) waits until the holder's blocks have
+arrived (`_on_prefix_pull`, `_on_prefix_payload`), or until `prefix_pull_timeout_s`, after
+which it computes them.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from evinfra.serve.protocol import (
     KVPayload,
     KVPull,
     NodeStats,
+    PrefixPull,
     RequestFailed,
     SetBlockScores,
     SetRole,
@@ -70,6 +74,9 @@ class WorkerSpec:
     stats_interval_s: float = 0.05
     check_integrity: bool = False
     """Debug: run the scheduler's integrity check after every step."""
+    prefix_pull_timeout_s: float = 1.0
+    """How long a prefill waits for a pulled prefix before computing it (the holder died
+    or is slow)."""
 
 
 class _Job:
@@ -88,6 +95,17 @@ class _Job:
     @property
     def generated(self) -> list[int]:
         return self.tokens[len(self.generation.prompt_ids) :]
+
+
+@dataclass(slots=True)
+class _PendingPull:
+    """A submitted prefill waiting for the prefix blocks it asked another node for."""
+
+    submit: Submit
+    hashes: tuple[int, ...]
+    """The blocks asked for: the prompt's, after those this node held."""
+    num_uncached_tokens: int
+    deadline_s: float
 
 
 class NodeWorker:
@@ -119,6 +137,9 @@ class NodeWorker:
         self.jobs: dict[int, _Job] = {}
         self.pending_incoming: deque[int] = deque()
         self._incoming_requests: dict[int, Request] = {}
+        self._pulling: dict[int, _PendingPull] = {}
+        self.num_prefix_pulls = 0
+        self.num_prefix_blocks_pulled = 0
         self._aborted: set[int] = set()
         self._aborted_order: deque[int] = deque()
         self._pending_out: list[Any] = []
@@ -144,6 +165,7 @@ class NodeWorker:
             self._drain(block=not self._has_work)
             if self._stop:
                 break
+            self._expire_pulls()
             self._has_work = self.step()
             self._maybe_restart()
             self._publish(force=False)
@@ -180,7 +202,12 @@ class NodeWorker:
         elif isinstance(msg, KVPull):
             self._on_kv_pull(msg)
         elif isinstance(msg, KVPayload):
-            self._on_kv_payload(msg)
+            if msg.request_id in self._pulling:
+                self._on_prefix_payload(msg)
+            else:
+                self._on_kv_payload(msg)
+        elif isinstance(msg, PrefixPull):
+            self._on_prefix_pull(msg)
         elif isinstance(msg, HandoffCancel):
             if msg.request_id in self.sched.handoff:
                 self.sched.abort(msg.request_id)
@@ -203,16 +230,35 @@ class NodeWorker:
 
     def _on_submit(self, msg: Submit) -> None:
         self._last_submit_seq = max(self._last_submit_seq, msg.submit_seq)
-        job = _Job(msg.generation, msg.decode_node)
+        self.jobs[msg.request.request_id] = _Job(msg.generation, msg.decode_node)
+        src = msg.pull_from
+        if src is None or src == self.node_id or not 0 <= src < len(self.peers):
+            self._admit(msg)
+            return
+        hashes = msg.request.prompt_hashes
+        have = self.sched.pool.match_prefix(hashes).num_device_blocks
+        if have >= len(hashes):
+            self._admit(msg)
+            return
+        rid = msg.request.request_id
+        uncached = max(0, msg.request.num_prompt_tokens - have * self.sched.block_size)
+        deadline_s = self.clock() + self.spec.prefix_pull_timeout_s
+        self._pulling[rid] = _PendingPull(msg, hashes[have:], uncached, deadline_s)
+        self.peers[src].put(PrefixPull(self.node_id, rid, hashes[have:]))
+
+    def _admit(self, msg: Submit) -> None:
+        """Queue a submitted request's prefill (with whatever prefix is cached here now)."""
+        job = self.jobs[msg.request.request_id]
         decode_here = msg.decode_node == self.node_id
         job.seq = self.sched.enqueue_prefill(msg.request, decode_here=decode_here)
-        self.jobs[msg.request.request_id] = job
 
     def _on_abort(self, rid: int) -> None:
         job = self.jobs.pop(rid, None)
         if job is None:
             self._remember_abort(rid)  # its handoff offer may still be on the way
             return
+        if self._pulling.pop(rid, None) is not None:
+            return  # never queued; a late payload finds no pull and is dropped
         if rid in self.pending_incoming:
             self.pending_incoming.remove(rid)
             del self._incoming_requests[rid]
@@ -240,7 +286,7 @@ class NodeWorker:
             return
         now = self.clock()
         if self._ready_at is None:
-            if not self.sched.is_idle or self.pending_incoming:
+            if not self.sched.is_idle or self.pending_incoming or self._pulling:
                 return
             self.sched.pool.clear()
             self._ready_at = now + self._cold_start_s
@@ -273,7 +319,7 @@ class NodeWorker:
                 ok,
                 message,
                 self.sched.pool.num_used_blocks,
-                self.sched.is_idle and not self.pending_incoming,
+                self.sched.is_idle and not self.pending_incoming and not self._pulling,
             )
         )
 
@@ -341,6 +387,56 @@ class NodeWorker:
         self._send(
             TokensOut(self.node_id, rid, tuple(job.generated), num_transfer_bytes=len(msg.data))
         )
+
+    # -- prefix pulls ----------------------------------------------------------------------
+    def _on_prefix_pull(self, msg: PrefixPull) -> None:
+        """Send the leading blocks of `msg.hashes` held on device here (maybe none)."""
+        pool = self.sched.pool
+        num_held = pool.match_prefix(msg.hashes).num_device_blocks
+        ids = [pool.block_of(h) for h in msg.hashes[:num_held]]
+        block_ids = [i for i in ids if i is not None]
+        data = self.executor.read_blocks(block_ids).tobytes() if block_ids else b""
+        self.peers[msg.dst_node].put(KVPayload(self.node_id, msg.request_id, 0, data))
+
+    def _on_prefix_payload(self, msg: KVPayload) -> None:
+        """Install the pulled blocks as cached here, then queue the waiting prefill."""
+        pending = self._pulling.pop(msg.request_id)
+        data = msg.data or b""
+        block_bytes = self.sched.block_size * self.executor.kv_bytes_per_token
+        num_blocks = min(len(data) // block_bytes, len(pending.hashes))
+        num_installed = self._install_prefix(pending.hashes[:num_blocks], data, block_bytes)
+        self.num_prefix_pulls += 1
+        self.num_prefix_blocks_pulled += num_installed
+        if data:
+            self._send(TokensOut(self.node_id, msg.request_id, (), num_transfer_bytes=len(data)))
+        self._admit(pending.submit)
+
+    def _install_prefix(self, hashes: tuple[int, ...], data: bytes, block_bytes: int) -> int:
+        """Write received blocks into this node's pool as cached, unused blocks: those not
+        held here already, as many as fit. Returns how many were installed."""
+        pool = self.sched.pool
+        missing = [i for i, h in enumerate(hashes) if not pool.holds(h)]
+        num_installed = pool.import_cached(hashes)
+        installed = missing[:num_installed]
+        if not installed:
+            return 0
+        ids = [pool.block_of(hashes[i]) for i in installed]
+        assert all(i is not None for i in ids), "an imported block is not indexed"
+        view = memoryview(data)
+        parts = [view[i * block_bytes : (i + 1) * block_bytes] for i in installed]
+        self.executor.write_blocks([i for i in ids if i is not None], b"".join(parts))
+        return num_installed
+
+    def _expire_pulls(self) -> None:
+        """Queue the prefills whose prefix has not arrived in time; they compute it."""
+        if not self._pulling:
+            return
+        now = self.clock()
+        for rid, pending in list(self._pulling.items()):
+            if now >= pending.deadline_s:
+                del self._pulling[rid]
+                self._admit(pending.submit)
+                self._has_work = True
 
     # -- stepping --------------------------------------------------------------------------
     def step(self) -> bool:
@@ -503,8 +599,9 @@ class NodeWorker:
             num_device_blocks=s.num_device_blocks,
             num_free_blocks=s.num_free_blocks,
             num_used_blocks=s.num_used_blocks,
-            num_waiting_prefill_tokens=s.num_waiting_prefill_tokens,
-            num_waiting_requests=s.num_waiting_requests,
+            num_waiting_prefill_tokens=s.num_waiting_prefill_tokens
+            + sum(p.num_uncached_tokens for p in self._pulling.values()),
+            num_waiting_requests=s.num_waiting_requests + len(self._pulling),
             num_running_decodes=s.num_running_decodes,
             num_decode_blocks=s.num_decode_blocks,
             num_decode_context_tokens=s.num_decode_context_tokens,
