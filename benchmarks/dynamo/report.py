@@ -44,6 +44,7 @@ SIM_TOLERANCE = 0.15
 SERVER_STATS = (
     "server_role_switches",
     "server_kv_transfer_bytes",
+    "server_prefix_pulls",
     "server_node_steps",
     "server_node_busy_s",
     "server_kv_score_messages",
@@ -240,7 +241,8 @@ def markdown(results: Mapping[str, Any], header: str) -> str:
                 moved = m.get("server_kv_transfer_bytes") or 0
                 tiers = m.get("server_kv_score_messages") or 0
                 lines += ["", f"{label}: {m['server_role_switches']:.0f} role switches, "
-                          f"{moved:.0f} KV bytes moved between nodes, "
+                          f"{moved:.0f} KV bytes moved between nodes "
+                          f"({m.get('server_prefix_pulls') or 0:.0f} prefix pulls), "
                           f"{tiers:.0f} tier messages to nodes "
                           f"({m.get('server_kv_scored_hashes') or 0:.0f} block hashes), "
                           f"steps per node {m.get('server_node_steps')}."]  # fmt: skip

@@ -125,6 +125,8 @@ def evinfra_server_stats(url: str) -> dict[str, Any]:
             values["server_role_switches"] = float(value)
         elif name.endswith("_kv_transfer_bytes_total"):
             values["server_kv_transfer_bytes"] = float(value)
+        elif name.endswith("_kv_prefix_pulls_total"):
+            values["server_prefix_pulls"] = float(value)
         elif name.endswith("_kv_score_messages_total"):
             values["server_kv_score_messages"] = float(value)
         elif name.endswith("_kv_scored_hashes_total"):

@@ -332,3 +332,22 @@ def test_abort_while_pulling_leaves_nothing_and_drops_the_late_payload() -> None
     for w in c.workers:
         w.sched.check_integrity()
         assert w.sched.pool.num_used_blocks == 0 and not w.jobs and not w._pulling
+
+
+def test_prefix_pull_asks_only_for_the_blocks_the_puller_lacks() -> None:
+    base, more = PROMPTS[3], [*PROMPTS[3], 7, 8, 9]
+    c, ref = Cluster(2), Cluster(1)
+    c.submit(0, base[:9], 4, 1, 1)  # node 1 holds base's first 2 blocks
+    c.submit(1, base, 4, 0, 0)  # node 0 holds all 4
+    ref.submit(1, base, 4, 0, 0)
+    for cl in (c, ref):
+        cl.run()
+    c.submit(2, more, 6, 1, 1, pull_from=0)
+    ref.submit(2, more, 6, 0, 0)
+    for cl in (c, ref):
+        cl.run()
+    assert c.tokens(2) == ref.tokens(2)
+    assert _first_cached(c, 2) == 16
+    assert c.workers[1].num_prefix_blocks_pulled == 2
+    moved = sum(e.num_transfer_bytes for e in c.events if isinstance(e, TokensOut))
+    assert moved == 2 * BLOCK * c.workers[1].executor.kv_bytes_per_token
