@@ -169,6 +169,18 @@ class DecodeBatch:
         out += [len(s.block_ids) * bs - s.num_computed_tokens for s in self.joining]
         return out
 
+    def room_bound(self) -> tuple[int, int]:
+        """How many rooms `rooms` lists, and a floor under every one of them (the need
+        heap's first key may be stale, and lower than any live one): O(joining)."""
+        num_rooms = len(self._need) + len(self.joining)
+        floor = self._need_heap[0][0] - self.clock.steps if self._need else 0
+        if self.joining:
+            bs = self._block_size
+            floor = min(
+                floor, *(len(s.block_ids) * bs - s.num_computed_tokens for s in self.joining)
+            )
+        return num_rooms, floor
+
     def num_context_tokens(self) -> int:
         """Sum of num_computed_tokens + 1 over the running sequences."""
         n = len(self._finish)

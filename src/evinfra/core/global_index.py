@@ -29,6 +29,9 @@ class PoolListener(Protocol):
     def on_device_many(self, block_hashes: Sequence[int], present: bool) -> None:
         """`on_device` for each hash in turn (a pool's commits or imports at once)."""
 
+    def on_host_many(self, block_hashes: Sequence[int], present: bool) -> None:
+        """`on_host` for each hash in turn (an eviction's offloads at once)."""
+
 
 class _NodeListener:
     __slots__ = ("_bit", "_device", "_host", "_owner")
@@ -48,14 +51,27 @@ class _NodeListener:
         self._owner.version += 1
 
     def on_device_many(self, block_hashes: Sequence[int], present: bool) -> None:
-        table, bit = self._device, self._bit
-        if present:  # setting a bit never empties a mask: one dict update, in C
-            masks = map(or_, map(table.get, block_hashes, repeat(0)), repeat(bit))
-            table.update(zip(block_hashes, masks, strict=True))
-        else:
-            for h in block_hashes:
-                _flip(table, h, bit, False)
+        _flip_many(self._device, block_hashes, self._bit, present)
         self._owner.version += 1
+
+    def on_host_many(self, block_hashes: Sequence[int], present: bool) -> None:
+        _flip_many(self._host, block_hashes, self._bit, present)
+        self._owner.version += 1
+
+
+def _flip_many(table: dict[int, int], keys: Sequence[int], bit: int, present: bool) -> None:
+    """`_flip` each key in turn."""
+    if present:  # setting a bit never empties a mask: one dict update, in C
+        masks = map(or_, map(table.get, keys, repeat(0)), repeat(bit))
+        table.update(zip(keys, masks, strict=True))
+        return
+    keep = ~bit
+    for key in keys:
+        mask = table.get(key, 0) & keep
+        if mask:
+            table[key] = mask
+        else:
+            table.pop(key, None)
 
 
 def _flip(table: dict[int, int], key: int, bit: int, present: bool) -> None:

@@ -14,6 +14,9 @@ from typing import Protocol
 class HostListener(Protocol):
     def on_host(self, block_hash: int, present: bool) -> None: ...
 
+    def on_host_many(self, block_hashes: Sequence[int], present: bool) -> None:
+        """`on_host` for each hash in turn."""
+
 
 class HostTier:
     def __init__(self, capacity_blocks: int) -> None:
@@ -47,6 +50,33 @@ class HostTier:
         self.num_offloaded += 1
         if self.listener is not None:
             self.listener.on_host(block_hash, True)
+
+    def store_many(self, hashes: Sequence[int]) -> None:
+        """`store` each hash in turn (an eviction's offloads); the listener hears each
+        hash whose presence changed once, with its presence after the last store."""
+        capacity, lru = self.capacity_blocks, self._lru
+        if capacity == 0:
+            return
+        changed: list[int] = []
+        num_stored = 0
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+                continue
+            while len(lru) >= capacity:
+                changed.append(lru.popitem(last=False)[0])
+                self.num_evicted += 1
+            lru[h] = None
+            num_stored += 1
+            changed.append(h)
+        self.num_offloaded += num_stored
+        if self.listener is not None and changed:
+            gone = [h for h in dict.fromkeys(changed) if h not in lru]
+            added = [h for h in dict.fromkeys(changed) if h in lru]
+            if gone:
+                self.listener.on_host_many(gone, False)
+            if added:
+                self.listener.on_host_many(added, True)
 
     def touch(self, hashes: Sequence[int]) -> None:
         for h in hashes:

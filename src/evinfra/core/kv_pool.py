@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, filterfalse, islice, takewhile
-from typing import Protocol
+from typing import Protocol, cast
 
 from evinfra.core.eviction import EvictionPolicy, LRUEviction
 from evinfra.core.host_tier import HostTier
@@ -91,6 +91,8 @@ class PoolListenerLike(Protocol):
 
     def on_device_many(self, block_hashes: Sequence[int], present: bool) -> None: ...
 
+    def on_host_many(self, block_hashes: Sequence[int], present: bool) -> None: ...
+
 
 class KVPool:
     def __init__(
@@ -126,7 +128,7 @@ class KVPool:
         """Bumped whenever the device index loses a hash: until then matches only grow."""
         # recent prompts' matches by tuple identity (the tuple is held, so its id is not
         # reused): the router, admission and the simulator ask about the same prompt
-        self._memos: dict[int, _Memo] = {}
+        self._memos: OrderedDict[int, _Memo] = OrderedDict()
         self._freed_runs: OrderedDict[int, _FreedRun] = OrderedDict()
         """Recently freed block lists up to their last block with content, by that
         block's hash (a chained hash names its whole prefix): a session's next call
@@ -219,7 +221,7 @@ class KVPool:
     def _remember(self, hashes: tuple[int, ...], match: PrefixMatch) -> None:
         memos = self._memos
         if len(memos) >= _MAX_MEMOS and id(hashes) not in memos:
-            del memos[next(iter(memos))]  # the oldest
+            memos.popitem(last=False)  # the oldest
         host = self.host
         memos[id(hashes)] = (
             hashes,
@@ -413,12 +415,14 @@ class KVPool:
             self._hash.extend([None] * fresh)
             ids.extend(range(first, first + fresh))
         if len(ids) < num_blocks:
-            pop, forget, offload = self.eviction.pop, self._forget, self.offload_on_evict
-            for _ in range(num_blocks - len(ids)):
-                victim = pop()
-                assert victim is not None, "eviction strategy lost a block"
-                forget(victim, offload)
-                ids.append(victim)
+            pop = self.eviction.pop
+            popped = [pop() for _ in range(num_blocks - len(ids))]
+            assert None not in popped, "eviction strategy lost a block"
+            victims = cast(list[int], popped)
+            # the strategy's order does not read the index or the host tier: the victims'
+            # content is forgotten after the last pop, in one pass
+            self._forget_many(victims, self.offload_on_evict)
+            ids += victims
             self.num_evicted_blocks += num_blocks - k - fresh
         for block_id in ids:
             ref[block_id] = 1
@@ -437,6 +441,26 @@ class KVPool:
                 if offload:
                     self.host.store(h)
             self._hash[block_id] = None
+
+    def _forget_many(self, block_ids: list[int], offload: bool) -> None:
+        """`_forget` each block in turn: the listener and the host tier hear of the lost
+        hashes in one call each, in the same order."""
+        held, index = self._hash, self._index
+        lost: list[int] = []
+        for block_id in block_ids:
+            h = held[block_id]
+            if h is not None:
+                if index.get(h) == block_id:
+                    del index[h]
+                    lost.append(h)
+                held[block_id] = None
+        if lost:
+            self._version += len(lost)
+            self._num_removals += len(lost)
+            if self.listener is not None:
+                self.listener.on_device_many(lost, False)
+            if offload:
+                self.host.store_many(lost)
 
     def commit(self, block_id: int, block_hash: int) -> bool:
         """Record a full block's content so later requests can hit it.

@@ -452,7 +452,13 @@ class NodeScheduler:
         k = self._decode.min_remaining_outputs()
         if k is None or k <= 0:
             return 0
-        return longest_run(self._decode.rooms(), k, self.pool.num_free_blocks, self.block_size)
+        num_free_blocks, bs = self.pool.num_free_blocks, self.block_size
+        # each room takes ceil((k - room) / bs) blocks at most: when even the lowest room's
+        # need times the rooms fits, `longest_run` answers k without reading every room
+        num_rooms, floor = self._decode.room_bound()
+        if num_rooms * max(0, -((floor - k) // bs)) <= num_free_blocks:
+            return k
+        return longest_run(self._decode.rooms(), k, num_free_blocks, bs)
 
     def reserve_decode_run(self, seqs: Seq[Sequence], num_steps: int) -> None:
         """Allocate now every block a decode run of `num_steps` over `seqs` (the plan's

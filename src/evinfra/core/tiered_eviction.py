@@ -83,22 +83,30 @@ class TieredEviction:
     def pop(self) -> int | None:
         """The oldest block of the lowest tier, its tier read again first (a block whose
         tier changed since it was read moves to its new tier and the search goes on)."""
-        tiers, pending, tier_of = self._tiers, self._pending, self._tier
+        tiers, pending_pop, score_of = self._tiers, self._pending.pop_front, self._scorer
+        tier_index = self._tier_index
         floor = tiers[0]
         # score the unscored, oldest first, until one lands in the lowest tier: it beats
         # every block freed after it (they would enter a tier after it), and when that
-        # tier was empty it is the victim at once (it would enter and leave it)
+        # tier was empty it is the victim at once (it would enter and leave it); tiers
+        # are read inline (`_tier`'s lookup): this loop runs for every block evicted
         just_scored = None
         while True:
             while not floor:
-                oldest = pending.pop_front()
+                oldest = pending_pop()
                 if oldest is None:
                     break
                 just_scored, block_hash = oldest
-                index = tier_of(block_hash)
+                self.num_scored += 1
+                index = tier_index.get(score_of(block_hash))
                 if not index:
+                    if index is None:
+                        self._unknown_tier(block_hash)
                     return just_scored
-                self._enter(tiers[index], just_scored, block_hash)
+                tier = tiers[index]  # `_enter`, inline: this runs for every block scored
+                num_before = len(tier)
+                tier[just_scored] = block_hash
+                self._num_scored += len(tier) - num_before
             lowest = next(filter(None, tiers), None)
             if lowest is None:
                 return None
@@ -113,6 +121,10 @@ class TieredEviction:
             del lowest[block_id]
             self._num_scored -= 1
             return block_id
+
+    def _unknown_tier(self, block_hash: int) -> None:
+        self.num_scored -= 1  # `_tier` counts it again before it raises
+        self._tier(block_hash)
 
     def _enter(self, tier: OrderedDict[int, int], block_id: int, block_hash: int) -> None:
         num_before = len(tier)

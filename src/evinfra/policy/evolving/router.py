@@ -33,10 +33,9 @@ class RouterConfig:
     """Added to a decode node that lacks KV room for the request (it would preempt)."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Choice:
-    cost_s: float
-    route: Route
+_Choice = tuple[float, int, int, int | None]
+"""A placement's predicted cost (s), prefill node, decode node and node to pull from: a
+plain tuple, as a route predicts up to two per candidate and builds one `Route`."""
 
 
 class EvolvingRouter:
@@ -88,22 +87,22 @@ class EvolvingRouter:
             choice = self._evaluate(
                 node, request, matches[node.node_id], holder, holder_blocks, remote, dcost
             )
-            if choice is not None and (best is None or choice.cost_s < best.cost_s):
+            if choice is not None and (best is None or choice[0] < best[0]):
                 best = choice
         if best is None:  # only decode nodes and every prefill too big: least queued one
             node = min(nodes, key=lambda n: (n.num_waiting_prefill_tokens, n.node_id))
             self.table.note_route(request.request_id, (node.node_id, node.node_id))
             return Route(node.node_id, node.node_id)
-        r = best.route
-        placed = (r.prefill_node, r.decode_node)
+        _, prefill_node, decode_node, pull_from = best
+        placed = (prefill_node, decode_node)
         self.table.note_route(
-            request.request_id, placed if r.pull_from_node is None else (*placed, r.pull_from_node)
+            request.request_id, placed if pull_from is None else (*placed, pull_from)
         )
-        if best.route.pull_from_node is not None:
+        if pull_from is not None:
             self.num_pulls += 1
-        if best.route.prefill_node == best.route.decode_node:
+        if prefill_node == decode_node:
             self.num_local_prefills += 1
-        return best.route
+        return Route(prefill_node, decode_node, pull_from)
 
     def _candidates(
         self, nodes: list[NodeView], matches: dict[int, PrefixMatch], request: Request
@@ -198,13 +197,13 @@ class EvolvingRouter:
                     * node.num_running_decodes
                     / max(rates.max_num_seqs, 1)
                 )
-            local = _Choice(local_cost, Route(node.node_id, node.node_id, pull_from))
+            local = (local_cost, node.node_id, node.node_id, pull_from)
         dec, dec_cost = remote
         if dec is node or node.role is Role.DECODE:
             return local
-        remote_choice = _Choice(ttft_s + dec_cost, Route(node.node_id, dec.node_id, pull_from))
-        if local is None or remote_choice.cost_s < local.cost_s:
-            return remote_choice
+        remote_cost = ttft_s + dec_cost
+        if local is None or remote_cost < local[0]:
+            return (remote_cost, node.node_id, dec.node_id, pull_from)
         return local
 
 
