@@ -52,31 +52,34 @@ class HostTier:
             self.listener.on_host(block_hash, True)
 
     def store_many(self, hashes: Sequence[int]) -> None:
-        """`store` each hash in turn (an eviction's offloads); the listener hears each
-        hash whose presence changed once, with its presence after the last store."""
+        """`store` each hash in turn (an eviction's offloads); the listener hears in two
+        calls the hashes that left and those that came in, and is left knowing what is
+        held after the last store."""
         capacity, lru = self.capacity_blocks, self._lru
         if capacity == 0:
             return
-        changed: list[int] = []
-        num_stored = 0
+        evicted: list[int] = []
+        stored: list[int] = []
         for h in hashes:
             if h in lru:
                 lru.move_to_end(h)
                 continue
             while len(lru) >= capacity:
-                changed.append(lru.popitem(last=False)[0])
-                self.num_evicted += 1
+                evicted.append(lru.popitem(last=False)[0])
             lru[h] = None
-            num_stored += 1
-            changed.append(h)
-        self.num_offloaded += num_stored
-        if self.listener is not None and changed:
-            gone = [h for h in dict.fromkeys(changed) if h not in lru]
-            added = [h for h in dict.fromkeys(changed) if h in lru]
-            if gone:
-                self.listener.on_host_many(gone, False)
-            if added:
-                self.listener.on_host_many(added, True)
+            stored.append(h)
+        self.num_evicted += len(evicted)
+        self.num_offloaded += len(stored)
+        if self.listener is None:
+            return
+        # a hash may have left and come back, or come and left again (refreshed older
+        # copies move behind it): tell what is held after the last store
+        evicted = [h for h in evicted if h not in lru]
+        stored = [h for h in stored if h in lru]
+        if evicted:
+            self.listener.on_host_many(evicted, False)
+        if stored:
+            self.listener.on_host_many(stored, True)
 
     def touch(self, hashes: Sequence[int]) -> None:
         for h in hashes:

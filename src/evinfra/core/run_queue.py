@@ -177,9 +177,68 @@ class RunQueue:
             del self._runs[key]
             self._num_entries -= len(run.block_ids) - run.start
 
+    def _front_run(self) -> _Run | None:
+        run = self._front
+        if run is None or not run.num_live:
+            if not self._runs:
+                return None
+            run = self._front = next(iter(self._runs.values()))
+        return run
+
+    def front(self, max_blocks: int) -> tuple[list[int], list[int]]:
+        """Up to `max_blocks` of the oldest queued blocks and their hashes, oldest first,
+        from the oldest run (fewer when it holds fewer; at least one unless the queue is
+        empty); nothing is taken out: a caller that reads them in turn takes out those it
+        used with `take_front`."""
+        run = self._front_run()
+        if run is None:
+            return [], []
+        start = run.start
+        if run.num_live == len(run.block_ids) - start:  # no stale entry left: all queued
+            return (
+                run.block_ids[start : start + max_blocks],
+                run.block_hashes[start : start + max_blocks],
+            )
+        # stale entries: drop those ahead of the first queued block (as `pop_front`
+        # would), then read the queued blocks that follow it up to the next stale entry
+        words, neg, all_ids = self._words, -run.key, run.block_ids
+        i = start
+        while words[all_ids[i]] != neg:  # the run holds a queued block: this stops
+            i += 1
+        self._num_entries -= i - start
+        run.start = i
+        j, end = i + 1, min(i + max_blocks, len(all_ids))
+        while j < end and words[all_ids[j]] == neg:
+            j += 1
+        return all_ids[i:j], run.block_hashes[i:j]
+
+    def take_front(self, num_blocks: int) -> None:
+        """Take out the first `num_blocks` blocks `front` returned (nothing changed
+        since), as that many `pop_front` calls would."""
+        run = self._front
+        if not num_blocks:
+            return
+        if run is None or run.num_live < num_blocks:
+            raise ValueError(f"take_front({num_blocks}) past the front run")
+        words, ids, neg, i = self._words, run.block_ids, -run.key, run.start
+        num_taken = 0
+        while num_taken < num_blocks:
+            block_id = ids[i]
+            i += 1
+            if words[block_id] == neg:
+                words[block_id] = 0
+                num_taken += 1
+        self._num_entries -= i - run.start
+        self._num_queued -= num_blocks
+        run.start = i
+        run.num_live -= num_blocks
+        if not run.num_live:
+            del self._runs[run.key]
+            self._num_entries -= len(ids) - i
+
     def pop_front(self) -> tuple[int, int] | None:
         """Remove and return the oldest queued (block id, hash); None when empty."""
-        run = self._front
+        run = self._front  # `_front_run`, inline: this runs for every block evicted
         if run is None or not run.num_live:
             if not self._runs:
                 return None

@@ -15,18 +15,32 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from typing import NoReturn
 
 from evinfra.core.eviction import BlockScorer
 from evinfra.core.run_queue import RunQueue
 
 _MISSING = object()
+_SCORE_BATCH = 16
+"""Unscored blocks read from the queue at a time (the first one in the lowest tier ends
+the reading: the rest stay queued, unscored)."""
+
+
+RunScorer = Callable[[list[int]], list[float]]
+"""The scorer's answer for several hashes at once, each as the scorer would score it."""
 
 
 class TieredEviction:
-    def __init__(self, scorer: BlockScorer, tiers: Sequence[float]) -> None:
+    def __init__(
+        self, scorer: BlockScorer, tiers: Sequence[float], run_scorer: RunScorer | None = None
+    ) -> None:
+        """`run_scorer`, when given, scores unscored blocks a few at a time (a freed run's
+        blocks often share one answer); it may read hashes past the first block that
+        lands in the lowest tier, so a scorer that must not be read ahead has none."""
         if not tiers or sorted(set(tiers)) != list(tiers):
             raise ValueError(f"tiers must be distinct and ascending, got {list(tiers)}")
         self._scorer = scorer
+        self._run_scorer = run_scorer
         self._tier_index = {score: i for i, score in enumerate(tiers)}
         self._tiers: list[OrderedDict[int, int]] = [OrderedDict() for _ in tiers]
         """Per tier, block id -> hash, in the order they entered the tier."""
@@ -56,7 +70,7 @@ class TieredEviction:
         self.num_scored += 1
         index = self._tier_index.get(score)
         if index is None:
-            raise ValueError(f"score {score} is not one of the tiers {list(self._tier_index)}")
+            self._unknown_tier(score)
         return index
 
     def add(self, block_id: int, block_hash: int) -> None:
@@ -83,30 +97,17 @@ class TieredEviction:
     def pop(self) -> int | None:
         """The oldest block of the lowest tier, its tier read again first (a block whose
         tier changed since it was read moves to its new tier and the search goes on)."""
-        tiers, pending_pop, score_of = self._tiers, self._pending.pop_front, self._scorer
-        tier_index = self._tier_index
+        tiers = self._tiers
         floor = tiers[0]
         # score the unscored, oldest first, until one lands in the lowest tier: it beats
         # every block freed after it (they would enter a tier after it), and when that
-        # tier was empty it is the victim at once (it would enter and leave it); tiers
-        # are read inline (`_tier`'s lookup): this loop runs for every block evicted
+        # tier was empty it is the victim at once (it would enter and leave it)
         just_scored = None
         while True:
-            while not floor:
-                oldest = pending_pop()
-                if oldest is None:
-                    break
-                just_scored, block_hash = oldest
-                self.num_scored += 1
-                index = tier_index.get(score_of(block_hash))
-                if not index:
-                    if index is None:
-                        self._unknown_tier(block_hash)
-                    return just_scored
-                tier = tiers[index]  # `_enter`, inline: this runs for every block scored
-                num_before = len(tier)
-                tier[just_scored] = block_hash
-                self._num_scored += len(tier) - num_before
+            if not floor:
+                victim, just_scored = self._score_pending(just_scored)
+                if victim is not None:
+                    return victim
             lowest = next(filter(None, tiers), None)
             if lowest is None:
                 return None
@@ -122,9 +123,42 @@ class TieredEviction:
             self._num_scored -= 1
             return block_id
 
-    def _unknown_tier(self, block_hash: int) -> None:
-        self.num_scored -= 1  # `_tier` counts it again before it raises
-        self._tier(block_hash)
+    def _score_pending(self, just_scored: int | None) -> tuple[int | None, int | None]:
+        """Score unscored blocks, oldest first, into their tiers until one lands in the
+        lowest tier (returned as the victim, taken out) or none is left; also returns the
+        last block that entered a tier (else `just_scored`). Blocks are read from the
+        queue's front run a few at a time and taken out as they are scored: this runs
+        for every block scored, so tiers are read inline (`_tier`, `_enter`). With a run
+        scorer, the blocks read at a time double from one, so that the hashes scored past
+        the victim are never more than those before it."""
+        tiers, pending, score_of = self._tiers, self._pending, self._scorer
+        tier_index, run_scorer = self._tier_index, self._run_scorer
+        num_read = 1 if run_scorer is not None else _SCORE_BATCH
+        while True:
+            ids, hashes = pending.front(num_read)
+            if not ids:
+                return None, just_scored
+            scores = run_scorer(hashes) if run_scorer is not None else None
+            for i, block_hash in enumerate(hashes):
+                self.num_scored += 1
+                score = score_of(block_hash) if scores is None else scores[i]
+                index = tier_index.get(score)
+                if not index:
+                    pending.take_front(i + 1)
+                    if index is None:
+                        self._unknown_tier(score)
+                    return ids[i], just_scored
+                tier = tiers[index]
+                num_before = len(tier)
+                tier[ids[i]] = block_hash
+                self._num_scored += len(tier) - num_before
+                just_scored = ids[i]
+            pending.take_front(len(ids))
+            if run_scorer is not None:
+                num_read = min(2 * num_read, _SCORE_BATCH)
+
+    def _unknown_tier(self, score: float) -> NoReturn:
+        raise ValueError(f"score {score} is not one of the tiers {list(self._tier_index)}")
 
     def _enter(self, tier: OrderedDict[int, int], block_id: int, block_hash: int) -> None:
         num_before = len(tier)

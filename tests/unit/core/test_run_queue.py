@@ -73,6 +73,7 @@ ops = st.lists(
         st.tuples(st.just("remove"), st.lists(st.integers(0, 30), max_size=8)),
         st.tuples(st.just("pop"), st.integers(1, 4)),
         st.tuples(st.just("take"), st.integers(0, 30)),
+        st.tuples(st.just("front"), st.tuples(st.integers(1, 6), st.integers(0, 6))),
     ),
     max_size=60,
 )
@@ -125,6 +126,16 @@ def check_against_ordered_dict(steps: list[tuple[str, object]], bound: bool) -> 
                 for b in run:
                     del model[b]
                     words[b] = 0
+        elif op == "front":
+            assert isinstance(arg, tuple)
+            max_blocks, num_used = arg
+            ids, hashes = queue.front(max_blocks)
+            assert 0 < len(ids) <= max_blocks if model else ids == []
+            assert list(zip(ids, hashes, strict=True)) == list(model.items())[: len(ids)]
+            queue.take_front(min(num_used, len(ids)))
+            for b in ids[:num_used]:
+                del model[b]
+                runs = [r for r in runs if b not in r]
         else:
             assert isinstance(arg, int)
             for _ in range(arg):

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from evinfra.core import tiered_eviction
 from evinfra.core.eviction import ScoredEviction
 from evinfra.core.tiered_eviction import TieredEviction
 
@@ -96,3 +97,105 @@ def test_unknown_score_and_bad_tiers_are_errors() -> None:
     ev.add(1, 1)
     with pytest.raises(ValueError, match="not one of the tiers"):
         ev.pop()
+
+
+def pop_one_at_a_time(ev: TieredEviction) -> int | None:
+    """`TieredEviction.pop` as first written: unscored blocks taken one `pop_front` at a
+    time (the reference for the batched reads)."""
+    tiers, pending = ev._tiers, ev._pending
+    floor = tiers[0]
+    just_scored = None
+    while True:
+        while not floor:
+            oldest = pending.pop_front()
+            if oldest is None:
+                break
+            just_scored, block_hash = oldest
+            index = ev._tier(block_hash)
+            if not index:
+                return just_scored
+            ev._enter(tiers[index], just_scored, block_hash)
+        lowest = next(filter(None, tiers), None)
+        if lowest is None:
+            return None
+        block_id, block_hash = next(iter(lowest.items()))
+        if block_id != just_scored:
+            index = ev._tier(block_hash)
+            if tiers[index] is not lowest:
+                del lowest[block_id]
+                ev._num_scored -= 1
+                ev._enter(tiers[index], block_id, block_hash)
+                continue
+        del lowest[block_id]
+        ev._num_scored -= 1
+        return block_id
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add_many", "remove", "pop", "retier", "rescore"]),
+            st.integers(0, 39),
+            st.sampled_from(TIERS),
+            st.integers(1, 7),
+        ),
+        max_size=120,
+    ),
+    st.integers(1, 4),
+    st.booleans(),
+)
+def test_batched_reads_pop_as_one_at_a_time_while_tiers_change(
+    ops: list[tuple[str, int, float, int]], batch: int, by_runs: bool
+) -> None:
+    """Tiers change between pops (sessions come and go): reading unscored blocks a few
+    at a time (and scoring them together, `by_runs`) evicts, scores and orders exactly
+    as taking them one by one."""
+    tier = dict.fromkeys(range(40), -1.0)
+    reads: list[list[int]] = [[], []]
+
+    def scorer(side: int):  # type: ignore[no-untyped-def]
+        def score(h: int) -> float:
+            reads[side].append(h)
+            return tier[h]
+
+        return score
+
+    words: list[list[int]] = [[0] * 40, [0] * 40]
+
+    def score_run(hashes: list[int]) -> list[float]:
+        return [tier[h] for h in hashes]
+
+    batched = TieredEviction(scorer(0), TIERS, score_run if by_runs else None)
+    reference = TieredEviction(scorer(1), TIERS)
+    for ev, w in zip((batched, reference), words, strict=True):
+        ev.bind_blocks(w)
+    held: set[int] = set()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tiered_eviction, "_SCORE_BATCH", batch)
+        for op, b, score, length in ops:
+            if op == "add_many":
+                run = [x for x in range(b, min(b + length, 40)) if x not in held]
+                for ev in (batched, reference):
+                    ev.add_many(run, run)
+                held.update(run)
+            elif op == "remove":
+                run = [x for x in range(b, min(b + length, 40)) if x in held]
+                for ev, w in zip((batched, reference), words, strict=True):
+                    ev.remove_many(run)
+                    for x in run:
+                        w[x] = 0  # the owner overwrites the words of blocks taken out
+                held.difference_update(run)
+            elif op == "pop":
+                victim = pop_one_at_a_time(reference)
+                assert batched.pop() == victim
+                held.discard(-1 if victim is None else victim)
+            elif op == "retier":
+                tier[b] = score
+            else:
+                for ev in (batched, reference):
+                    ev.rescore([b])
+            assert reads[0] == reads[1] or by_runs  # a run scorer reads ahead (unrecorded)
+            assert batched.order() == reference.order()
+            assert len(batched) == len(reference) == len(held)
+            assert batched.num_scored == reference.num_scored

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from evinfra.core.eviction import EvictionPolicy, LRUEviction
 from evinfra.core.tiered_eviction import TieredEviction
@@ -55,6 +56,25 @@ class KVManagerConfig:
     node's strategy itself instead of returning it."""
 
 
+def run_keep_scores(
+    table: SessionTable, hashes: list[int], node_id: int, now_s: float
+) -> list[float]:
+    """`table.keep_score` of each hash, read once for hashes that one live session holds
+    alone (the usual freed run): `keep_score` reads a hash's owner, whether an ownerless
+    hash is an orphan and whether it is shared; past those, only the owner's entry and
+    the time, so such hashes score alike (`test_run_keep_scores_are_keep_scores`)."""
+    first = table.owner.get(hashes[0])
+    if (
+        len(hashes) > 1
+        and first is not None
+        and first in table.sessions
+        and list(map(table.owner.get, hashes)).count(first) == len(hashes)
+        and max(map(table.num_owners.get, hashes, repeat(1))) < 2
+    ):
+        return [table.keep_score(hashes[0], node_id, now_s)] * len(hashes)
+    return [table.keep_score(h, node_id, now_s) for h in hashes]
+
+
 @dataclass(slots=True)
 class AgentKVManager:
     table: SessionTable
@@ -86,11 +106,15 @@ class AgentKVManager:
                 self.published[node_id] = tiers
             return tiers
         table = self.table
+        keep_score = table.keep_score  # bound once: a victim may score many blocks
 
         def score(block_hash: int) -> float:
-            return table.keep_score(block_hash, node_id, self.now_s)
+            return keep_score(block_hash, node_id, self.now_s)
 
-        policy = TieredEviction(score, TIERS)
+        def score_run(hashes: list[int]) -> list[float]:
+            return run_keep_scores(table, hashes, node_id, self.now_s)
+
+        policy = TieredEviction(score, TIERS, score_run)
         self.policies[node_id] = policy
         return policy
 
