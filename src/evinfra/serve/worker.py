@@ -18,6 +18,7 @@ import signal
 import time
 import traceback
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -393,8 +394,7 @@ class NodeWorker:
         """Send the leading blocks of `msg.hashes` held on device here (maybe none)."""
         pool = self.sched.pool
         num_held = pool.match_prefix(msg.hashes).num_device_blocks
-        ids = [pool.block_of(h) for h in msg.hashes[:num_held]]
-        block_ids = [i for i in ids if i is not None]
+        block_ids = _indexed_blocks(pool, msg.hashes[:num_held])
         data = self.executor.read_blocks(block_ids).tobytes() if block_ids else b""
         self.peers[msg.dst_node].put(KVPayload(self.node_id, msg.request_id, 0, data))
 
@@ -420,11 +420,10 @@ class NodeWorker:
         installed = missing[:num_installed]
         if not installed:
             return 0
-        ids = [pool.block_of(hashes[i]) for i in installed]
-        assert all(i is not None for i in ids), "an imported block is not indexed"
+        block_ids = _indexed_blocks(pool, [hashes[i] for i in installed])
         view = memoryview(data)
         parts = [view[i * block_bytes : (i + 1) * block_bytes] for i in installed]
-        self.executor.write_blocks([i for i in ids if i is not None], b"".join(parts))
+        self.executor.write_blocks(block_ids, b"".join(parts))
         return num_installed
 
     def _expire_pulls(self) -> None:
@@ -615,6 +614,16 @@ class NodeWorker:
             num_pending_incoming=len(self.pending_incoming),
             busy_s=self._busy_s,
         )
+
+
+def _indexed_blocks(pool: KVPool, hashes: Iterable[int]) -> list[int]:
+    """The block ids holding `hashes`, each of which the pool is known to hold."""
+    block_ids: list[int] = []
+    for block_hash in hashes:
+        block_id = pool.block_of(block_hash)
+        assert block_id is not None, f"block {block_hash:#x} is not held"
+        block_ids.append(block_id)
+    return block_ids
 
 
 def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, peers: list[Any]) -> None:
