@@ -189,22 +189,9 @@ PULL_CASES = [(prompt(9, 64), 12), (prompt(9, 64) + prompt(10, 20), 12)]
 
 
 async def run_scripted(cluster: LocalCluster, plan: Sequence[tuple[int, int | None]]) -> Run:
-    await cluster.start()
+    """`run_parity` over `PULL_CASES` (too few to reach its role swap) on scripted routes."""
     cluster.bundle.router = ScriptedRouter(plan)
-    run = Run()
-    try:
-        for ids, num_tokens in PULL_CASES:
-            tokens, error = await collect(cluster.generate(ids, num_tokens))
-            assert error is None
-            run.outputs.append(tokens)
-            await settle(cluster)
-        reports = await cluster.check_integrity()
-        assert all(r.ok and r.is_idle for r in reports), reports
-        run.kv_bytes = cluster.metrics.num_kv_bytes_moved
-        run.cached_tokens = cluster.metrics.num_cached_prompt_tokens
-        return run
-    finally:
-        await cluster.stop()
+    return await run_parity(cluster, PULL_CASES)
 
 
 @pytest.mark.parametrize("runtime", ["local", "ray"])

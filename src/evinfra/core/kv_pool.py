@@ -430,17 +430,7 @@ class KVPool:
         return ids
 
     def _forget(self, block_id: int, offload: bool) -> None:
-        h = self._hash[block_id]
-        if h is not None:
-            if self._index.get(h) == block_id:
-                del self._index[h]
-                self._version += 1
-                self._num_removals += 1
-                if self.listener is not None:
-                    self.listener.on_device(h, False)
-                if offload:
-                    self.host.store(h)
-            self._hash[block_id] = None
+        self._forget_many([block_id], offload)
 
     def _forget_many(self, block_ids: list[int], offload: bool) -> None:
         """`_forget` each block in turn: the listener and the host tier hear of the lost
