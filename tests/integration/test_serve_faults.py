@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -92,3 +93,73 @@ def test_request_that_streamed_nothing_is_resent_to_a_live_node() -> None:
 
     tokens, error, retried = asyncio.run(run())
     assert error is None and len(tokens) == 4 and retried == 1
+
+
+def _blocked_writing(pid: int) -> bool:
+    """Whether a thread of process `pid` sleeps in a pipe write (Linux: its wchan)."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            if "pipe_write" in (task / "wchan").read_text():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def test_a_node_killed_in_the_middle_of_a_write_does_not_silence_the_survivor() -> None:
+    """The frontend stops reading, so the streaming node's queue feeder blocks inside a
+    pipe write (holding that queue's write lock); the node is killed there. The survivor
+    must still be heard: had the nodes shared one queue to the frontend, its lock would
+    stay held forever and every later reply would hang (`serve.links`)."""
+    import asyncio
+    import threading
+
+    from evinfra.serve.executors import ExecutorSpec
+    from evinfra.serve.runtime import ClusterConfig, LocalCluster
+
+    async def run() -> tuple[list[int], str | None]:
+        spec = ExecutorSpec(kind="torch", model="tiny")
+        cfg = ClusterConfig(spec, num_nodes=2, system="round-robin", num_blocks=256)
+        cluster = LocalCluster(cfg)
+        await cluster.start()
+        gate = threading.Event()
+        deliver = cluster._deliver_from_thread
+
+        def paused(batch: list[Any]) -> None:
+            gate.wait()
+            deliver(batch)
+
+        try:
+            prompt = [5 + i % 200 for i in range(200)]
+            long = cluster.generate(prompt, 3500, stop_token_ids=frozenset())
+            events = long.stream()
+            await anext(events)  # decoding
+            async with asyncio.timeout(10):
+                while not (busy := [n for n in cluster.nodes if n.stats.num_running_decodes]):
+                    await asyncio.sleep(0.02)
+            victim = busy[0].node_id
+            cluster._deliver_from_thread = paused  # type: ignore[method-assign]
+            pid = cluster.worker_pids[victim]
+            async with asyncio.timeout(30):
+                while not _blocked_writing(pid):
+                    await asyncio.sleep(0.02)
+            os.kill(pid, signal.SIGKILL)
+            await asyncio.sleep(0.3)
+            gate.set()
+            async with asyncio.timeout(20):
+                async for _ in events:
+                    pass
+                while cluster.nodes[victim].alive:
+                    await asyncio.sleep(0.02)
+                tokens: list[int] = []
+                error = None
+                async for event in cluster.generate([7, 8, 9], 4).stream():
+                    tokens.extend(event.token_ids)
+                    error = event.error or error
+            return tokens, error
+        finally:
+            gate.set()
+            await cluster.stop()
+
+    tokens, error = asyncio.run(run())
+    assert error is None and len(tokens) == 4

@@ -29,6 +29,7 @@ from evinfra.policy.base import KVAction, RequestArrived, ScoreBlocks
 from evinfra.policy.bundle import ClusterShape, SystemBundle, available_systems, make_system
 from evinfra.policy.published import ScoreSink
 from evinfra.serve.executors import ExecutorSpec
+from evinfra.serve.links import LocalLinks
 from evinfra.serve.metrics import ServerMetrics
 from evinfra.serve.protocol import (
     Abort,
@@ -136,8 +137,8 @@ class LocalCluster:
         self._next_rid = 1
         self._procs: list[Any] = []
         self._pids: list[int] = []
+        self._links: LocalLinks | None = None
         self._inboxes: list[Any] = []
-        self._outbox: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: dict[int, WorkerReady] = {}
         self._first_stats: dict[int, NodeStats] = {}
@@ -185,19 +186,20 @@ class LocalCluster:
         stop them and raise RuntimeError). Here: processes, watched and read on threads."""
         ctx = multiprocessing.get_context("spawn")
         cfg = self.config
-        self._outbox = ctx.Queue()
-        self._inboxes = [ctx.Queue() for _ in range(cfg.num_nodes)]
+        self._links = links = LocalLinks(ctx, cfg.num_nodes)
+        self._inboxes = links.inboxes
         for i, role in enumerate(self.bundle.initial_roles):
             spec = self._worker_spec(i, role)
             proc = ctx.Process(
                 target=worker_main,
-                args=(spec, self._inboxes[i], self._outbox, self._inboxes),
+                args=(spec, links.for_node(i)),
                 name=f"evinfra-node-{i}",
                 daemon=True,
             )
             proc.start()
             self._procs.append(proc)
-        self._spawn_thread(self._read_outbox, "evinfra-outbox")
+        # late-bound, so a subclass's (or a test's) `_deliver_from_thread` is the one used
+        links.start_readers(lambda batch: self._deliver_from_thread(batch))
         self._spawn_thread(self._watch_processes, "evinfra-sentinels")
         try:
             await asyncio.wait_for(self._ready_event.wait(), cfg.ready_timeout_s)
@@ -242,19 +244,15 @@ class LocalCluster:
                 proc.kill()
                 await asyncio.to_thread(proc.join, 5.0)
         self._stopping.set()
-        if self._outbox is not None:
-            self._outbox.put(None)  # wakes the reader thread
+        if self._links is not None:  # wakes the readers of the nodes that exited
+            await asyncio.to_thread(self._links.close, [n.alive for n in self.nodes], 5.0)
         for thread in self._threads:
             await asyncio.to_thread(thread.join, 5.0)
-        for q in [*self._inboxes, self._outbox]:
-            if q is not None:
-                q.close()
-                q.cancel_join_thread()
         # dropping the queues (the process objects hold them too) releases their
         # semaphores now rather than leaving them to the resource tracker at exit
         self._pids = [int(p.pid) for p in self._procs]
+        self._links = None
         self._inboxes = []
-        self._outbox = None
         self._procs = []
 
     @property
@@ -266,16 +264,6 @@ class LocalCluster:
         return self.started and any(n.alive for n in self.nodes)
 
     # -- threads -> loop -------------------------------------------------------------------
-    def _read_outbox(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                batch = self._outbox.get()
-            except (EOFError, OSError, ValueError):
-                return
-            if batch is None:
-                return
-            self._deliver_from_thread(batch)
-
     def _watch_processes(self) -> None:
         pending = {p.sentinel: i for i, p in enumerate(self._procs)}
         while pending and not self._stopping.is_set():

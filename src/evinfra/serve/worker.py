@@ -32,6 +32,7 @@ from evinfra.core.types import Request, Role
 from evinfra.costmodel.base import BatchShape, PrefillChunk
 from evinfra.policy.published import ScoreSink
 from evinfra.serve.executors import Executor, ExecutorSpec, WorkItem, build_executor
+from evinfra.serve.links import NodeLinks, node_mailbox
 from evinfra.serve.protocol import (
     Abort,
     ApplyKV,
@@ -626,10 +627,12 @@ def _indexed_blocks(pool: KVPool, hashes: Iterable[int]) -> list[int]:
     return block_ids
 
 
-def worker_main(spec: WorkerSpec, inbox: Any, outbox: Any, peers: list[Any]) -> None:
+def worker_main(spec: WorkerSpec, links: NodeLinks) -> None:
     """Process entry point (spawn): build the executor, report ready, serve until told to
     stop or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the frontend, which stops us
+    outbox = links.outbox
+    inbox, peers = node_mailbox(links)
     try:
         executor = build_executor(spec.executor, spec.num_blocks, spec.block_size)
         worker = NodeWorker(spec, executor, inbox, outbox, peers)
