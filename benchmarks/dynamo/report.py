@@ -59,9 +59,10 @@ def token_timing(row: Mapping[str, Any], leading_extra: bool) -> tuple[float, li
     A stream can hold chunks that carry no token: Dynamo's frontend sends `finish_reason`
     alone after the last token (a trailing extra), evinfra's disaggregated runtime sends
     an empty chunk when the prefill node hands the request off, before the decode node
-    has the KV and the first token (a leading extra). `evinfra replay` counts every chunk,
-    so with `num_output_tokens` tokens and more chunks than that, the surplus chunks are
-    dropped from the start (`leading_extra`) or the end."""
+    has the KV and the first token (a leading extra). `evinfra replay` counted every chunk
+    before d9f1e2f and ce927c9, so in runs recorded then, with `num_output_tokens` tokens
+    and more chunks than that, the surplus chunks are dropped from the start
+    (`leading_extra`) or the end."""
     if row.get("error") or row.get("e2e_s") is None or row.get("ttft_s") is None:
         return None
     gaps = [float(g) for g in row.get("itl_s") or []]
