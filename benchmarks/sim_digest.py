@@ -8,11 +8,12 @@ record, time sample and session time), so a speed change can be shown to change 
 
 The runs use `sim_speed.py`'s settings (kimi-k2 on GB300, 1/16 sessions/s per GPU, seed 0)
 on 64 GPUs for 120-300 simulated seconds, over `evolving`, `dynamo`, `aggregated` and
-`oracle`; coding, mixed and computer-use; `kv_capacity_scale` 1, 0.2, 0.1 and 0.03; and
-per-chunk allocation with integrity checks on every step (32 GPUs: the checks are slow).
-About 2 CPU minutes in all. To compare two trees, run this
-script from either with `PYTHONPATH=<tree>/src`; the first line on stderr names the
-`evinfra` that was imported. Exits 1 when `--compare` finds any difference.
+`oracle`; coding, mixed and computer-use; `kv_capacity_scale` 1, 0.2, 0.1 and 0.03 (at
+0.1 also with tiers told by messages, `tier_messages`); and per-chunk allocation with
+integrity checks on every step (32 GPUs: the checks are slow). About 2.5 CPU minutes in
+all. To compare two trees, run this script from either with `PYTHONPATH=<tree>/src`; the
+first line on stderr names the `evinfra` that was imported. Exits 1 when `--compare`
+finds any difference.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ CASES: dict[str, dict[str, Any]] = {
     "evolving-computer-use": {"system": "evolving", "workload": "computer-use"},
     "evolving-coding-kv0.2": {"system": "evolving", "kv_capacity_scale": 0.2},
     "evolving-coding-kv0.1": {"system": "evolving", "kv_capacity_scale": 0.1, "duration_s": 300.0},
+    "evolving-coding-kv0.1-tier-messages": {
+        "system": "evolving",
+        "system_options": {"tier_messages": True},
+        "kv_capacity_scale": 0.1,
+    },
     "evolving-mixed-kv0.03": {
         "system": "evolving",
         "workload": "mixed",
