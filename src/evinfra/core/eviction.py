@@ -40,6 +40,10 @@ class EvictionPolicy(Protocol):
     def pop(self) -> int | None:
         """Remove and return the next victim, or None when there is none."""
 
+    def pop_many(self, num_blocks: int) -> list[int]:
+        """`pop` `num_blocks` times in one call, nothing else changing between the pops
+        (the pool's eviction for one allocation); fewer when the candidates run out."""
+
     def bind_index(self, block_of: Callable[[int], int | None]) -> None:
         """The pool tells where each hash is held (for strategies that look hashes up)."""
 
@@ -88,6 +92,9 @@ class LRUEviction:
     def pop(self) -> int | None:
         oldest = self._order.pop_front()
         return None if oldest is None else oldest[0]
+
+    def pop_many(self, num_blocks: int) -> list[int]:
+        return _pop_each(self, num_blocks)
 
     def order(self) -> list[int]:
         """The current eviction order, first victim first (for tests and debugging)."""
@@ -213,8 +220,23 @@ class ScoredEviction:
             return block_id
         return None
 
+    def pop_many(self, num_blocks: int) -> list[int]:
+        return _pop_each(self, num_blocks)
+
     def __len__(self) -> int:
         return len(self._live) + len(self._pending)
 
     def __contains__(self, block_id: object) -> bool:
         return block_id in self._live or block_id in self._pending
+
+
+def _pop_each(policy: EvictionPolicy, num_blocks: int) -> list[int]:
+    """`pop_many` as `num_blocks` calls of `pop`."""
+    out: list[int] = []
+    pop = policy.pop
+    for _ in range(num_blocks):
+        victim = pop()
+        if victim is None:
+            break
+        out.append(victim)
+    return out

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, filterfalse, islice, takewhile
-from typing import Protocol, cast
+from typing import Protocol
 
 from evinfra.core.eviction import EvictionPolicy, LRUEviction
 from evinfra.core.host_tier import HostTier
@@ -415,10 +415,8 @@ class KVPool:
             self._hash.extend([None] * fresh)
             ids.extend(range(first, first + fresh))
         if len(ids) < num_blocks:
-            pop = self.eviction.pop
-            popped = [pop() for _ in range(num_blocks - len(ids))]
-            assert None not in popped, "eviction strategy lost a block"
-            victims = cast(list[int], popped)
+            victims = self.eviction.pop_many(num_blocks - len(ids))
+            assert len(victims) == num_blocks - len(ids), "eviction strategy lost a block"
             # the strategy's order does not read the index or the host tier: the victims'
             # content is forgotten after the last pop, in one pass
             self._forget_many(victims, self.offload_on_evict)

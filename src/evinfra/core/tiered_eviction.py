@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from itertools import islice
 from typing import NoReturn
 
 from evinfra.core.eviction import BlockScorer
@@ -97,12 +98,15 @@ class TieredEviction:
     def pop(self) -> int | None:
         """The oldest block of the lowest tier, its tier read again first (a block whose
         tier changed since it was read moves to its new tier and the search goes on)."""
+        return self._pop(None)
+
+    def _pop(self, just_scored: int | None) -> int | None:
+        """`pop`, `just_scored` the block this pop last put in a tier (not read again)."""
         tiers = self._tiers
         floor = tiers[0]
         # score the unscored, oldest first, until one lands in the lowest tier: it beats
         # every block freed after it (they would enter a tier after it), and when that
         # tier was empty it is the victim at once (it would enter and leave it)
-        just_scored = None
         while True:
             if not floor:
                 victim, just_scored = self._score_pending(just_scored)
@@ -122,6 +126,119 @@ class TieredEviction:
             del lowest[block_id]
             self._num_scored -= 1
             return block_id
+
+    def pop_many(self, num_blocks: int) -> list[int]:
+        """`pop` `num_blocks` times (fewer when the candidates run out), the scorer's
+        answers taken as unchanged between the pops (nothing runs between them). While
+        the lowest tier is empty, victims come from the unscored blocks as `pop` finds
+        them, read a run at a time (`_take_pending`), or from the head of the lowest
+        scored tier, read a few at a time (`_take_scored`); anything else is one `pop`."""
+        out: list[int] = []
+        floor, pending = self._tiers[0], self._pending
+        while len(out) < num_blocks:
+            if floor:
+                victim = self._pop(None)
+            elif pending:
+                just_scored = self._take_pending(out, num_blocks)
+                if len(out) == num_blocks:
+                    break
+                # the unscored ran out before this pop's victim: it goes on as `pop` would
+                victim = self._pop(just_scored)
+            elif self._num_scored:
+                self._take_scored(out, num_blocks)
+                continue
+            else:
+                break
+            if victim is None:
+                break
+            out.append(victim)
+        return out
+
+    def _take_pending(self, out: list[int], num_blocks: int) -> int | None:
+        """With the lowest tier empty: score unscored blocks oldest first, each one that
+        lands in the lowest tier a victim (appended to `out`), the others entering their
+        tiers, until `out` holds `num_blocks` (returns None) or none is left (returns the
+        last block that entered a tier since the last victim, as `pop` would hold it)."""
+        tiers, pending, score_of = self._tiers, self._pending, self._scorer
+        tier_index, run_scorer = self._tier_index, self._run_scorer
+        just_scored = None
+        num_read = min(num_blocks - len(out), _SCORE_BATCH)
+        while True:
+            ids, hashes = pending.front(num_read)
+            if not ids:
+                return just_scored
+            scores = run_scorer(hashes) if run_scorer is not None else None
+            if scores is not None and scores.count(scores[0]) == len(ids):
+                index = tier_index.get(scores[0])
+                if index is not None:  # one answer for all: they enter or leave together
+                    num_taken = len(ids) if index else min(len(ids), num_blocks - len(out))
+                    self.num_scored += num_taken
+                    pending.take_front(num_taken)
+                    if index:
+                        self._enter_many(tiers[index], ids, hashes)
+                        just_scored = ids[-1]
+                    else:
+                        out += ids[:num_taken]
+                        just_scored = None
+                        if len(out) == num_blocks:
+                            return None
+                    num_read = min(2 * num_read, _SCORE_BATCH)
+                    continue
+            for i, block_hash in enumerate(hashes):
+                self.num_scored += 1
+                score = score_of(block_hash) if scores is None else scores[i]
+                index = tier_index.get(score)
+                if not index:
+                    if index is None:
+                        pending.take_front(i + 1)
+                        self._unknown_tier(score)
+                    out.append(ids[i])
+                    just_scored = None
+                    if len(out) == num_blocks:
+                        pending.take_front(i + 1)
+                        return None
+                    continue
+                tier = tiers[index]
+                num_before = len(tier)
+                tier[ids[i]] = block_hash
+                self._num_scored += len(tier) - num_before
+                just_scored = ids[i]
+            pending.take_front(len(ids))
+            num_read = min(2 * num_read, _SCORE_BATCH)
+
+    def _take_scored(self, out: list[int], num_blocks: int) -> None:
+        """With the lowest tier and the unscored blocks empty: the head blocks of the
+        lowest non-empty tier, each read again as `pop` reads it; one still in that tier
+        is a victim, one that moved up enters its new tier last (as in `pop`). One that
+        moved down ends the call (the next `pop` takes it, reading it once more)."""
+        tiers, tier_index, score_of = self._tiers, self._tier_index, self._scorer
+        lowest_index = next(i for i, tier in enumerate(tiers) if tier)
+        lowest = tiers[lowest_index]
+        heads = list(islice(lowest.items(), min(num_blocks - len(out), _SCORE_BATCH)))
+        scores = None
+        if self._run_scorer is not None:
+            scores = self._run_scorer([block_hash for _, block_hash in heads])
+            if scores.count(scores[0]) == len(heads) and tier_index.get(scores[0]) == lowest_index:
+                self.num_scored += len(heads)  # all still in their tier: all victims
+                self._num_scored -= len(heads)
+                for block_id, _ in heads:
+                    del lowest[block_id]
+                out += [block_id for block_id, _ in heads]
+                return
+        for i, (block_id, block_hash) in enumerate(heads):
+            self.num_scored += 1
+            score = score_of(block_hash) if scores is None else scores[i]
+            index = tier_index.get(score)
+            if index is None:
+                self._unknown_tier(score)
+            del lowest[block_id]
+            self._num_scored -= 1
+            if index == lowest_index:
+                out.append(block_id)
+                continue
+            self._enter(tiers[index], block_id, block_hash)
+            if index < lowest_index:
+                return
 
     def _score_pending(self, just_scored: int | None) -> tuple[int | None, int | None]:
         """Score unscored blocks, oldest first, into their tiers until one lands in the
@@ -163,6 +280,13 @@ class TieredEviction:
     def _enter(self, tier: OrderedDict[int, int], block_id: int, block_hash: int) -> None:
         num_before = len(tier)
         tier[block_id] = block_hash
+        self._num_scored += len(tier) - num_before
+
+    def _enter_many(
+        self, tier: OrderedDict[int, int], block_ids: list[int], hashes: list[int]
+    ) -> None:
+        num_before = len(tier)
+        tier.update(zip(block_ids, hashes, strict=True))
         self._num_scored += len(tier) - num_before
 
     def rescore_hashes(self, hashes: Iterable[int]) -> None:

@@ -1,11 +1,11 @@
 """Tiered eviction: the lowest tier first, entry order inside a tier, lazy scoring."""
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from evinfra.core import tiered_eviction
-from evinfra.core.eviction import ScoredEviction
+from evinfra.core.eviction import LRUEviction, ScoredEviction
 from evinfra.core.tiered_eviction import TieredEviction
 
 TIERS = (-2.0, -1.0, 0.0)
@@ -135,10 +135,10 @@ def pop_one_at_a_time(ev: TieredEviction) -> int | None:
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["add_many", "remove", "pop", "retier", "rescore"]),
+            st.sampled_from(["add_many", "remove", "pop", "pop_many", "retier", "rescore"]),
             st.integers(0, 39),
             st.sampled_from(TIERS),
-            st.integers(1, 7),
+            st.integers(1, 12),
         ),
         max_size=120,
     ),
@@ -150,8 +150,50 @@ def test_batched_reads_pop_as_one_at_a_time_while_tiers_change(
 ) -> None:
     """Tiers change between pops (sessions come and go): reading unscored blocks a few
     at a time (and scoring them together, `by_runs`) evicts, scores and orders exactly
-    as taking them one by one."""
-    tier = dict.fromkeys(range(40), -1.0)
+    as taking them one by one; so does `pop_many`, as that many pops in a row."""
+    check_against_one_at_a_time(ops, batch, by_runs, 40)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add_many", "pop", "pop_many", "pop_many", "retier", "retier"]),
+            st.integers(0, 7),
+            st.sampled_from(TIERS),
+            st.integers(1, 8),
+        ),
+        max_size=60,
+    ),
+    st.integers(1, 4),
+    st.booleans(),
+)
+# a scored head that moved down is read again by the pop that takes it
+@example([("retier", 2, -2.0, 1), ("pop_many", 0, -1.0, 3)], 4, False)
+# the unscored run out right after a victim: the next pop reads the tier's head again
+@example(
+    [
+        ("pop_many", 0, -1.0, 5),
+        ("retier", 7, -2.0, 1),
+        ("add_many", 6, -1.0, 2),
+        ("pop_many", 0, -1.0, 3),
+    ],
+    4,
+    False,
+)
+def test_pop_many_as_pops_in_a_row_on_few_blocks(
+    ops: list[tuple[str, int, float, int]], batch: int, by_runs: bool
+) -> None:
+    """Few blocks, many tier changes: `pop_many` meets scored tiers whose heads moved up
+    or down since they were read, and unscored blocks running out mid-pop."""
+    start = [("add_many", 0, -1.0, 6), ("pop", 0, -1.0, 1)]  # five blocks scored active
+    check_against_one_at_a_time(start + ops, batch, by_runs, 8)
+
+
+def check_against_one_at_a_time(
+    ops: list[tuple[str, int, float, int]], batch: int, by_runs: bool, num_ids: int
+) -> None:
+    tier = dict.fromkeys(range(num_ids), -1.0)
     reads: list[list[int]] = [[], []]
 
     def scorer(side: int):  # type: ignore[no-untyped-def]
@@ -161,7 +203,7 @@ def test_batched_reads_pop_as_one_at_a_time_while_tiers_change(
 
         return score
 
-    words: list[list[int]] = [[0] * 40, [0] * 40]
+    words: list[list[int]] = [[0] * num_ids, [0] * num_ids]
 
     def score_run(hashes: list[int]) -> list[float]:
         return [tier[h] for h in hashes]
@@ -175,12 +217,12 @@ def test_batched_reads_pop_as_one_at_a_time_while_tiers_change(
         patch.setattr(tiered_eviction, "_SCORE_BATCH", batch)
         for op, b, score, length in ops:
             if op == "add_many":
-                run = [x for x in range(b, min(b + length, 40)) if x not in held]
+                run = [x for x in range(b, min(b + length, num_ids)) if x not in held]
                 for ev in (batched, reference):
                     ev.add_many(run, run)
                 held.update(run)
             elif op == "remove":
-                run = [x for x in range(b, min(b + length, 40)) if x in held]
+                run = [x for x in range(b, min(b + length, num_ids)) if x in held]
                 for ev, w in zip((batched, reference), words, strict=True):
                     ev.remove_many(run)
                     for x in run:
@@ -190,6 +232,15 @@ def test_batched_reads_pop_as_one_at_a_time_while_tiers_change(
                 victim = pop_one_at_a_time(reference)
                 assert batched.pop() == victim
                 held.discard(-1 if victim is None else victim)
+            elif op == "pop_many":
+                victims: list[int] = []
+                while len(victims) < length:
+                    victim = pop_one_at_a_time(reference)
+                    if victim is None:
+                        break
+                    victims.append(victim)
+                assert batched.pop_many(length) == victims
+                held.difference_update(victims)
             elif op == "retier":
                 tier[b] = score
             else:
@@ -199,3 +250,13 @@ def test_batched_reads_pop_as_one_at_a_time_while_tiers_change(
             assert batched.order() == reference.order()
             assert len(batched) == len(reference) == len(held)
             assert batched.num_scored == reference.num_scored
+
+
+@pytest.mark.parametrize("make", [LRUEviction, lambda: ScoredEviction(lambda h: float(h % 3))])
+def test_pop_many_is_pops_in_a_row(make) -> None:  # type: ignore[no-untyped-def]
+    one, many = make(), make()
+    for ev in (one, many):
+        ev.add_many(list(range(10)), list(range(10)))
+    assert many.pop_many(4) == [one.pop() for _ in range(4)]
+    assert many.pop_many(9) == [one.pop() for _ in range(6)]
+    assert many.pop_many(2) == [] and one.pop() is None

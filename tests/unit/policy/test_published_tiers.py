@@ -195,15 +195,16 @@ def victims(script: Script, publish: bool, deliver_scores: bool = True) -> list[
     pools = {n: KVPool(12, eviction=kv.eviction_for(n)) for n in (0, 1)}
     order: dict[int, list[int]] = {0: [], 1: []}
     for n, pool in pools.items():
-        original = pool.eviction.pop
+        original = pool.eviction.pop_many
 
-        def pop(original: Callable[[], int | None] = original, n: int = n) -> int | None:
-            block = original()
-            if block is not None:
-                order[n].append(pools[n].hash_of(block) or -1)
-            return block
+        def pop_many(
+            num_blocks: int, original: Callable[[int], list[int]] = original, n: int = n
+        ) -> list[int]:
+            blocks = original(num_blocks)
+            order[n] += [pools[n].hash_of(block) or -1 for block in blocks]
+            return blocks
 
-        pool.eviction.pop = pop  # type: ignore[method-assign]
+        pool.eviction.pop_many = pop_many  # type: ignore[method-assign]
     delivered = publish and deliver_scores
     script(kv, pools, lambda actions: deliver(actions, pools) if delivered else None)
     return [order[0], order[1]]
