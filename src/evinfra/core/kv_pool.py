@@ -563,6 +563,8 @@ class KVPool:
         """Bring host copies of `hashes` into empty device blocks (never evicting), as
         cached unused blocks. Stops at the first hash the host lacks or when no empty block
         is left. Returns blocks brought in."""
+        if not self.host:  # nothing to bring: skip the walk past the device-held prefix
+            return 0
         ids: list[int] = []
         brought: list[int] = []
         index, host = self._index, self.host
