@@ -10,10 +10,9 @@ A request that extends the context of a session that is still generating is a fo
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from itertools import filterfalse, repeat
-from operator import add
+from itertools import repeat
 
 from evinfra.core.blocks import common_prefix_len
 from evinfra.core.types import ContextEvent, Request, SessionState
@@ -168,16 +167,13 @@ class SessionTable:
         if old_tail:
             new_set = set(new_tail)
             self._release(tuple(h for h in old_tail if h not in new_set))
-        # each new hash gains a holder and is no orphan; every hash of the tail is now
-        # this session's: C-level passes, each value read as the update reaches its key
-        # (a hash twice in the tail counts twice, as a loop would)
-        owners = self.num_owners
-        gained = list(filterfalse(set(old_tail).__contains__, new_tail)) if old_tail else new_tail
-        counts = map(add, map(owners.get, gained, repeat(0)), repeat(1))
-        owners.update(zip(gained, counts, strict=True))
-        if self.orphans:
-            deque(map(self.orphans.pop, gained, repeat(None)), maxlen=0)
-        self.owner.update(zip(new_tail, repeat(sid)))
+        old_set = set(old_tail)
+        orphans, owners, owner = self.orphans, self.num_owners, self.owner
+        for h in new_tail:
+            if h not in old_set:
+                owners[h] = owners.get(h, 0) + 1
+                orphans.pop(h, None)
+            owner[h] = sid
         entry.context_hashes = context
         entry.node_id = node_id
         entry.last_finish_s = now_s
