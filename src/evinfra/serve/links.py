@@ -76,6 +76,22 @@ class LocalLinks:
             q.cancel_join_thread()
 
 
+def pump(source: Any, deliver: Callable[[Any], None]) -> None:
+    """Hand every message read from `source` to `deliver` until it is closed or sends
+    None; a thread's body, one per link."""
+    while True:
+        try:
+            msg = source.get()
+        except (EOFError, OSError, ValueError):
+            return  # closed
+        except Exception:  # a frame cut short by a writer that died: drop the link
+            log.warning("a link broke mid-message; its writer is presumed dead")
+            return
+        if msg is None:
+            return
+        deliver(msg)
+
+
 class Mailbox:
     """One receiver's links merged into one local queue, each link read on its own daemon
     thread, so a link whose writer died mid-frame stalls only its own thread.
@@ -89,20 +105,9 @@ class Mailbox:
             if source is None:
                 continue
             thread = threading.Thread(
-                target=self._relay, args=(source,), name=f"{name}-link-{i}", daemon=True
+                target=pump, args=(source, self._merged.put), name=f"{name}-link-{i}", daemon=True
             )
             thread.start()
-
-    def _relay(self, source: Any) -> None:
-        while True:
-            try:
-                msg = source.get()
-            except (EOFError, OSError, ValueError):
-                return  # closed
-            except Exception:  # a frame cut short by a writer that died: drop the link
-                log.warning("a link broke mid-message; its writer is presumed dead")
-                return
-            self._merged.put(msg)
 
     def get(self, timeout: float | None = None) -> Any:
         return self._merged.get(timeout=timeout)
@@ -120,26 +125,14 @@ class OutboxReaders:
 
     def __init__(self, outboxes: Sequence[Any], deliver: Callable[[Any], None]) -> None:
         self._outboxes = list(outboxes)
-        self._deliver = deliver
         self._threads = [
-            threading.Thread(target=self._read, args=(q,), name=f"evinfra-outbox-{i}", daemon=True)
+            threading.Thread(
+                target=pump, args=(q, deliver), name=f"evinfra-outbox-{i}", daemon=True
+            )
             for i, q in enumerate(self._outboxes)
         ]
         for thread in self._threads:
             thread.start()
-
-    def _read(self, outbox: Any) -> None:
-        while True:
-            try:
-                batch = outbox.get()
-            except (EOFError, OSError, ValueError):
-                return  # closed
-            except Exception:  # a frame cut short by a node that died
-                log.warning("a node's outbox broke mid-message; the node is presumed dead")
-                return
-            if batch is None:
-                return
-            self._deliver(batch)
 
     def stop(self, alive: Sequence[bool], timeout_s: float) -> None:
         """Wake and join the readers of the nodes still alive (they exited on request). A
