@@ -233,6 +233,12 @@ class GlobalBlockIndex:
     def _watch_hashes(self, chain: _Chain, start: int) -> None:
         """Have the losses of `chain.hashes[start:]` lower `chain.clean`."""
         watch = self._watch
+        new = chain.hashes[start:]
+        if not any(map(watch.__contains__, new)):  # new blocks, usually: in C
+            # backwards, so that a hash repeated in the prompt keeps its first place
+            places = range(len(chain.hashes) - 1, start - 1, -1)
+            watch.update(zip(reversed(new), zip(repeat(chain), places, strict=False), strict=True))
+            return
         for place in range(start, len(chain.hashes)):
             h = chain.hashes[place]
             seen = watch.get(h)

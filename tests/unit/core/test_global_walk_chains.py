@@ -37,6 +37,10 @@ ops = st.lists(
     ],
     2,
 )
+@example(  # a hash repeated in a prompt: its loss counts from its first place
+    [("grow", 0, 0, [1, 2, 1]), ("alloc", 0, 0, [1]), ("free", 0, 0, [0]), ("drop", 0, 0, [2])],
+    1,
+)
 @example(  # a fork takes over its parent's prompt; the parent's, walked anew, shares hashes
     [
         ("grow", 0, 0, [1, 2, 3]),
