@@ -1,6 +1,7 @@
 """The planner's latency comparison of every node mixed against a split: hand-computed
 predictions, overload as infinity, the rates' mixed steps from the cost model, and the
-planner keeping nodes mixed past the utilisation threshold where mixing is faster."""
+planner keeping nodes mixed past the utilisation threshold where mixing is faster, and
+leaving a split past its capacity for mixed nodes that carry the load."""
 
 import math
 from dataclasses import replace
@@ -15,6 +16,7 @@ from evinfra.policy.evolving.latency import (
     ObservedLoad,
     fastest_split,
     mixed_call_s,
+    mixed_tpot_s,
     split_call_s,
 )
 from evinfra.policy.evolving.planner import EvolvingPlanner, PlannerConfig
@@ -96,9 +98,14 @@ def test_rates_probe_mixed_steps_and_monotone_keeps_them_above_decode() -> None:
     assert times == sorted(times)
 
 
-def _planner(mixed_by_latency: bool, split_by_latency: bool = False) -> EvolvingPlanner:
+def _planner(
+    mixed_by_latency: bool, split_by_latency: bool = False, past_capacity: bool = True
+) -> EvolvingPlanner:
     cfg = PlannerConfig(
-        min_dwell_s=0.0, mixed_by_latency=mixed_by_latency, split_by_latency=split_by_latency
+        min_dwell_s=0.0,
+        mixed_by_latency=mixed_by_latency,
+        split_by_latency=split_by_latency,
+        mixed_past_split_capacity=past_capacity,
     )
     return EvolvingPlanner(SessionTable(), MOE, 16, cfg)
 
@@ -164,3 +171,38 @@ def test_latency_rule_never_leaves_a_split_in_force() -> None:
     assert _plan_twice(p, 3000, 200, [Role.PREFILL] * 3 + [Role.DECODE]) == []
     load = p._load
     assert load is not None and mixed_call_s(MOE, load, 4) < split_call_s(MOE, load, 3, 1)
+
+
+def test_a_split_past_its_capacity_is_left_where_mixed_nodes_carry_the_load() -> None:
+    # 34,000 prefill tokens/s on 4 nodes of 10,000: a 3/1 split's prefill pool runs at
+    # 113% (and 2/2 at 170%), past the 10% margin, so no split carries it; mixed steps
+    # carry 511 prefill tokens in 52 ms, 39,000 tok/s on 4 nodes, with TPOT within 50 ms
+    split = [Role.PREFILL] * 3 + [Role.DECODE]
+    p = _planner(True)
+    assert _plan_twice(p, 3400, 100, split) == [Role.MIXED] * 4
+    offered = p._offered
+    assert offered is not None
+    assert split_call_s(MOE, offered, 3, 1) == math.inf
+    assert mixed_tpot_s(MOE, offered, 4) < 0.05
+    # without the rule the split in force stays
+    assert _plan_twice(_planner(True, past_capacity=False), 3400, 100, split) == []
+    # and a mixed start stays mixed
+    assert _plan_twice(_planner(True), 3400, 100, [Role.MIXED] * 4) == []
+
+
+def test_a_split_past_its_capacity_stays_where_mixed_nodes_would_not_carry_it() -> None:
+    # the same prefill with 600-token outputs: mixed nodes would decode 6,000 tok/s
+    # between chunks that fill most steps, which they cannot
+    split = [Role.PREFILL] * 3 + [Role.DECODE]
+    p = _planner(True)
+    assert _plan_twice(p, 3400, 600, split) == []
+    offered = p._offered
+    assert offered is not None and mixed_tpot_s(MOE, offered, 4) == math.inf
+
+
+def test_a_split_within_its_capacity_margin_stays() -> None:
+    # 31,500 prefill tokens/s: the 3/1 split's prefill pool at 105%, within the margin
+    # (`split_capacity_margin`, 10%), so it stays, while nodes all mixed stay mixed
+    split = [Role.PREFILL] * 3 + [Role.DECODE]
+    assert _plan_twice(_planner(True), 3200, 100, split) == []
+    assert _plan_twice(_planner(True), 3200, 100, [Role.MIXED] * 4) == []

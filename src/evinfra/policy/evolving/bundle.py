@@ -34,6 +34,9 @@ OPTIONS = (
     "mixed_below_utilisation",
     "split_hysteresis",
     "mixed_by_latency",
+    "mixed_past_split_capacity",
+    "split_capacity_margin",
+    "capacity_window_s",
     "split_by_latency",
     "tier_messages",
 )
@@ -89,6 +92,11 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
                 ),
                 split_hysteresis=get_float(options, "split_hysteresis", 0.05, min_value=0.0),
                 mixed_by_latency=get_bool(options, "mixed_by_latency", True),
+                mixed_past_split_capacity=get_bool(options, "mixed_past_split_capacity", True),
+                split_capacity_margin=get_float(
+                    options, "split_capacity_margin", 0.1, min_value=0.0
+                ),
+                capacity_window_s=get_float(options, "capacity_window_s", 120.0, min_value=0.0),
                 split_by_latency=get_bool(options, "split_by_latency", False),
                 switch_mode=mode,
             ),

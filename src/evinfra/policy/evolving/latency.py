@@ -98,8 +98,9 @@ def _mixed_node(rates: NodeRates, batch: int, prefill_tok_s: float) -> tuple[flo
     return 1.0 / steps_s, chunks_s / steps_s
 
 
-def mixed_call_s(rates: NodeRates, load: ObservedLoad, num_nodes: int) -> float:
-    """Predicted mean call latency with `num_nodes` mixed nodes sharing the load evenly."""
+def mixed_tpot_s(rates: NodeRates, load: ObservedLoad, num_nodes: int) -> float:
+    """Predicted TPOT with `num_nodes` mixed nodes sharing the load evenly; inf when they
+    do not carry it."""
     if num_nodes < 1 or rates.chunk_tokens <= 0:
         return math.inf
     prefill_tok_s = load.prefill_tok_s / num_nodes
@@ -107,9 +108,15 @@ def mixed_call_s(rates: NodeRates, load: ObservedLoad, num_nodes: int) -> float:
     def tpot(running: float) -> float:
         return _mixed_node(rates, max(round(running / num_nodes), 1), prefill_tok_s)[0]
 
-    tpot_s = _decoding(load.output_tok_s, tpot, num_nodes * rates.max_num_seqs)
+    return _decoding(load.output_tok_s, tpot, num_nodes * rates.max_num_seqs)
+
+
+def mixed_call_s(rates: NodeRates, load: ObservedLoad, num_nodes: int) -> float:
+    """Predicted mean call latency with `num_nodes` mixed nodes sharing the load evenly."""
+    tpot_s = mixed_tpot_s(rates, load, num_nodes)
     if not math.isfinite(tpot_s):
         return math.inf
+    prefill_tok_s = load.prefill_tok_s / num_nodes
     batch = max(round(load.output_tok_s * tpot_s / num_nodes), 1)
     _, share = _mixed_node(rates, batch, prefill_tok_s)
     if share >= 1.0:

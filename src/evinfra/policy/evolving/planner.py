@@ -26,6 +26,7 @@ from evinfra.policy.evolving.latency import (
     ObservedLoad,
     fastest_split,
     mixed_call_s,
+    mixed_tpot_s,
     split_call_s,
 )
 from evinfra.policy.evolving.rates import NodeRates
@@ -53,6 +54,18 @@ class PlannerConfig:
     """Past that share, nodes still all mixed stay mixed while mixing is predicted no
     slower than the split, within `split_hysteresis` (`latency.py`); a split in force is
     left only when load falls below the share's band."""
+    mixed_past_split_capacity: bool = True
+    """Every node is mixed, a split in force left, where no split carries the offered load
+    (at every prefill count the prefill pool past its full rate or the decode pool past
+    its targets, by `split_capacity_margin`, averaged over `capacity_window_s`) and every
+    node mixed is predicted to keep TPOT within `itl_target_s`: mixed nodes pool prefill
+    over every node while the decodes ride in the chunk steps."""
+    split_capacity_margin: float = 0.1
+    """How far past its capacity a split in force runs before it is left; nodes all mixed
+    stay mixed from capacity on, so the margin is also the band between the two."""
+    capacity_window_s: float = 120.0
+    """The split's load past capacity is averaged over this trailing window, so a burst
+    does not leave a split that carries the load on the whole."""
     split_by_latency: bool = False
     """Split at the prefill count predicted fastest (`latency.fastest_split`) instead of the
     one balancing the two demands' load per node (an experiment, off by default)."""
@@ -83,6 +96,10 @@ class EvolvingPlanner:
     """Decode nodes the running decodes' KV fills, from the last `demand`."""
     _load: ObservedLoad | None = None
     """The load the last `demand` saw, for the latency comparison."""
+    _offered: ObservedLoad | None = None
+    """`_load` without the queued backlog, which a split's own prefill pool builds."""
+    _capacity_loads: deque[tuple[float, float]] = field(default_factory=deque)
+    """(time, the best split's load against its capacity) of recent plans."""
 
     @property
     def interval_s(self) -> float:
@@ -135,12 +152,14 @@ class EvolvingPlanner:
         self._score_prediction(now_s, pre)
         nodes = [n for n in view.nodes if n.is_serving]
         queued = sum(n.num_waiting_prefill_tokens for n in nodes)
+        offered = pre
         # a backlog must drain within the horizon too
         pre += queued / cfg.horizon_s
-        self._load = None
+        self._load = self._offered = None
         if calls_s > 0:
             blocks = prompt_tok_s / calls_s / self.block_size
             self._load = ObservedLoad(pre, out_obs, calls_s, blocks)
+            self._offered = ObservedLoad(offered, out_obs, calls_s, blocks)
         need_p = pre / (rates.prefill_tok_s * cfg.prefill_utilisation)
         need_d_tok = out_obs / rates.decode_tok_s_at_itl(cfg.itl_target_s)
         decode_blocks = sum(n.num_decode_blocks for n in nodes)
@@ -212,6 +231,9 @@ class EvolvingPlanner:
             # together (hand-offs would queue for KV room)
             self._split = False
             return 0, 0, num_nodes
+        if mixing and self._mixed_past_split_capacity(num_nodes, current_p is not None):
+            self._split = False
+            return 0, 0, num_nodes
         # the latency rule keeps nodes mixed but never leaves a split in force: under a
         # split its inputs (prefill queues, small prefills on decode nodes) are the
         # split's own, and leaving on them flapped GLM-5 computer-use at 64 GPUs between
@@ -237,6 +259,42 @@ class EvolvingPlanner:
                 return current_p
         return best
 
+    def _note_split_capacity(self, need_d: float, num_nodes: int, now_s: float) -> None:
+        """Record the least, over prefill counts p, of the busier pool's load against its
+        capacity: offered prefill tokens/s over p nodes' full rate, decode demand over
+        n - p nodes."""
+        window = self._capacity_loads
+        while window and window[0][0] <= now_s - self.config.capacity_window_s:
+            window.popleft()
+        load = self._offered
+        if load is None or num_nodes <= 1:
+            return
+        rate = self.rates.prefill_tok_s
+        least = min(
+            max(load.prefill_tok_s / (p * rate), need_d / (num_nodes - p))
+            for p in range(1, num_nodes)
+        )
+        window.append((now_s, least))
+
+    def _mixed_past_split_capacity(self, num_nodes: int, split: bool) -> bool:
+        """No split carries the offered load and every node mixed is predicted to: the
+        best split's load against its capacity (`_note_split_capacity`), averaged over
+        `capacity_window_s`, passes 1 (1 plus `split_capacity_margin` with a split in
+        force), and mixed TPOT stays within the ITL target. Past the split's capacity
+        the demands push nodes back and forth between the two pools while the queue
+        grows (Kimi-K2 computer-use at 64 GPUs, 4 sessions/s: 1.1 past capacity from
+        335 s, 5/3 and 6/2 in turn every 30-50 s from 550 s, 571 calls waiting at the
+        end), and mixed nodes carry what the split cannot; at 3 sessions/s, where the
+        split serves calls sooner, the average stays under 1.07. The offered load
+        leaves out the queued backlog, which the split's own prefill pool builds."""
+        cfg, load, window = self.config, self._offered, self._capacity_loads
+        if not cfg.mixed_past_split_capacity or load is None or not window:
+            return False
+        bound = 1 + cfg.split_capacity_margin if split else 1.0
+        if sum(least for _, least in window) / len(window) <= bound:
+            return False
+        return mixed_tpot_s(self.rates, load, num_nodes) <= cfg.itl_target_s
+
     def _mixing_is_faster(self, num_prefill: int, num_nodes: int) -> bool:
         """Every node mixed is predicted to serve a call no later than the split with
         `num_prefill` prefill nodes, within `split_hysteresis` (mixed is in force)."""
@@ -258,6 +316,7 @@ class EvolvingPlanner:
             return []
         nodes = [n for n in view.nodes if n.is_serving]
         need_p, need_d = self.demand(view, now_s)
+        self._note_split_capacity(need_d, len(nodes), now_s)
         current = tuple(sum(1 for n in nodes if n.role is r) for r in _ROLES)
         split_p = current[0] if current[0] and not current[2] else None
         target = self.target_roles(need_p, need_d, len(nodes), split_p)
