@@ -192,3 +192,12 @@ def test_rescore_by_hash_finds_blocks_through_the_pool_index(strategy: str) -> N
     assert pool.try_allocate(1) is not None
     assert pool.holds(11) and not pool.holds(10)  # 11 now outranks 10
     pool.check_integrity()
+
+
+def test_an_import_queues_its_blocks_tail_first_and_unused() -> None:
+    pool = make_pool(8)
+    assert pool.import_cached([7, 8, 9]) == 3
+    assert isinstance(pool.eviction, LRUEviction)
+    assert pool.eviction.order() == [pool.block_of(h) for h in (9, 8, 7)]
+    assert pool.num_used_blocks == 0
+    pool.check_integrity()
