@@ -102,3 +102,94 @@ def test_acquired_blocks_are_always_the_index_blocks(
         pool.free(ids)
         contexts[session] = context if keep else ()
         pool.check_integrity()
+
+
+def test_an_imported_prefix_is_remembered_as_a_freed_run() -> None:
+    pool = KVPool(16)
+    other = run_of(pool, (1, 2, 9), num_tail=0)  # another context shares the prefix
+    pool.free(other)
+    assert pool.import_cached((3, 4, 5), prefix=(1, 2)) == 3
+    pulled = [pool.block_of(h) for h in (3, 4, 5)]
+    run = pool._freed_runs[5]
+    assert run.block_ids == pulled and run.num_looked_up == 2  # the prefix: looked up
+    assert pool.eviction.run_at(pulled[-1]) == 3  # installed tail first, in one call
+    got = pool.try_acquire_and_allocate((1, 2, 3, 4, 5), 1)
+    assert got is not None and got[:5] == other[:2] + pulled
+    assert pool.eviction.run_at(pulled[-1]) == 0  # taken whole
+    assert [pool.ref_count(b) for b in got] == [1] * 6
+    pool.check_integrity()
+
+
+def test_an_import_after_a_context_freed_here_leaves_that_run_to_be_found() -> None:
+    pool = KVPool(16)
+    head = run_of(pool, (1, 2), num_tail=0)
+    pool.free(head)
+    assert pool.import_cached((3, 4), prefix=(1, 2)) == 2
+    assert 4 not in pool._freed_runs
+    got = pool.try_acquire_and_allocate((1, 2, 3, 4), 0)
+    assert got == [*head, pool.block_of(3), pool.block_of(4)]
+    assert pool.eviction.run_at(got[-1]) == 0  # the imported blocks: looked up, taken
+    pool.check_integrity()
+
+
+def test_an_imported_run_touched_since_or_partly_held_is_not_taken_whole() -> None:
+    pool = KVPool(16)
+    pool.free(run_of(pool, (1,), num_tail=0))
+    assert pool.import_cached((4, 5), prefix=(1, 2, 3)) == 2
+    assert pool.import_cached((5, 6), prefix=(1, 2, 3, 4)) == 1  # 5 was held already
+    assert 6 not in pool._freed_runs
+    pulled = [pool.block_of(h) for h in (4, 5)]
+    assert pool.try_acquire_and_allocate((4,), 0) == pulled[:1]  # touches the run of 4, 5
+    assert pool.eviction.run_at(pulled[-1]) == 0
+    pool.free(run_of(pool, (2, 3), num_tail=0))
+    got = pool.try_acquire_and_allocate((1, 2, 3, 4, 5), 0)
+    assert got == [pool.block_of(h) for h in (1, 2, 3, 4, 5)]
+    assert [pool.ref_count(b) for b in got] == [1, 1, 1, 2, 1]
+    pool.check_integrity()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 4), st.integers(0, 6), st.booleans(), st.integers(0, 8)),
+        max_size=30,
+    ),
+    st.sampled_from(["lru", "tiered", "scored"]),
+)
+def test_a_remembered_import_changes_no_block_and_no_victim(
+    steps: list[tuple[int, int, bool, int]], eviction: str
+) -> None:
+    """Two pools take the same calls, prefix pulls among them (`pull` > 0: the context's
+    blocks from `pull - 1` on are dropped and arrive from elsewhere); one is told each
+    pull's prefix, the other not. They hand out the same blocks and evict the same
+    victims."""
+    told, plain = (KVPool(12, eviction=make_eviction(eviction)) for _ in range(2))
+    contexts: dict[int, tuple[int, ...]] = {}
+    for session, num_new, keep, pull in steps:
+        prompt = contexts.get(session, ())
+        if pull and prompt:  # the blocks from `have` on are lost here, then pulled back
+            have = min(pull - 1, len(prompt))
+            assert told.drop(prompt[have:]) == plain.drop(prompt[have:])
+            assert told.import_cached(prompt[have:], prefix=prompt[:have]) == plain.import_cached(
+                prompt[have:]
+            )
+        got = []
+        for pool in (told, plain):
+            cached = prompt[: pool.match_prefix(prompt).num_device_blocks]
+            ids = pool.try_acquire_and_allocate(cached, len(prompt) - len(cached) + num_new + 1)
+            got.append(ids)
+            if ids is None:
+                continue
+            context = prompt + tuple(1000 * session + len(prompt) + i for i in range(num_new))
+            pool.commit_many(ids[len(cached) : len(context)], context[len(cached) :])
+            pool.free(ids)
+            pool.check_integrity()
+        assert got[0] == got[1]
+        if got[0] is not None:
+            contexts[session] = prompt + tuple(
+                1000 * session + len(prompt) + i for i in range(num_new)
+            )
+            if not keep:
+                contexts[session] = ()
+    victims = [[pool.try_allocate(1) for _ in range(12)] for pool in (told, plain)]
+    assert victims[0] == victims[1]
