@@ -51,25 +51,18 @@ class _FreedRun:
     """A freed block list up to its last block with content, and (`mark` < 0) how to
     know whether its blocks from `start` on are still the untouched run of candidates
     that free made: queued tail first under that mark, none taken since
-    (`EvictionPolicy.run_at`). An imported run lists only its own blocks: the
-    `num_looked_up` blocks of the prompt ahead of them are found in the index."""
+    (`EvictionPolicy.run_at`)."""
 
-    __slots__ = ("block_ids", "hashes", "mark", "num_looked_up", "start")
+    __slots__ = ("block_ids", "hashes", "mark", "start")
 
     def __init__(
-        self,
-        block_ids: list[int],
-        start: int,
-        hashes: tuple[int, ...] | None,
-        mark: int,
-        num_looked_up: int = 0,
+        self, block_ids: list[int], start: int, hashes: tuple[int, ...] | None, mark: int
     ) -> None:
         self.block_ids = block_ids
         self.start = start
         self.hashes = hashes
         """What the blocks from `start` on held when freed (with a mark only)."""
         self.mark = mark
-        self.num_looked_up = num_looked_up
 
 
 _UNUSED = (0).__ge__
@@ -300,12 +293,7 @@ class KVPool:
         runs, index = self._freed_runs, self._index
         for end in range(len(hashes), max(0, len(hashes) - _MAX_RUN_LOOKBACK), -1):
             run = runs.get(hashes[end - 1])
-            if run is None or run.num_looked_up + len(run.block_ids) != end:
-                continue
-            if run.num_looked_up:
-                found = self._locate_imported(run, hashes, end)
-                if found is not None:
-                    return found
+            if run is None or len(run.block_ids) != end:
                 continue
             ids = run.block_ids
             start = run.start
@@ -321,23 +309,6 @@ class KVPool:
             elif self._holds(ids, hashes[:end]):
                 return ids + list(map(index.__getitem__, hashes[end:])), 0, 0
         return list(map(index.__getitem__, hashes)), 0, 0
-
-    def _locate_imported(
-        self, run: _FreedRun, hashes: Sequence[int], end: int
-    ) -> tuple[list[int], int, int] | None:
-        """`_locate` through an imported run ending at `hashes[end - 1]`, when the
-        strategy still holds it untouched: the prompt's blocks ahead of it and after it
-        looked up. None when it was touched."""
-        ids, start = run.block_ids, run.num_looked_up
-        if (
-            self._ref[ids[-1]] != run.mark
-            or self.eviction.run_at(ids[-1]) != end - start
-            or run.hashes != tuple(hashes[start:end])
-        ):
-            return None
-        index = self._index
-        head = list(map(index.__getitem__, hashes[:start]))
-        return head + ids + list(map(index.__getitem__, hashes[end:])), start, end
 
     def _holds(self, block_ids: list[int], hashes: Sequence[int]) -> bool:
         """Whether these blocks hold these hashes, in order."""
@@ -376,13 +347,9 @@ class KVPool:
         ):
             start, mark = end - num, min(self._ref[cached_ids[0]], 0)
             hashes = tuple(reversed(cached_hashes))
-        self._keep_run(last, _FreedRun(_as_list(block_ids[:end]), start, hashes, mark))
-
-    def _keep_run(self, last_hash: int, run: _FreedRun) -> None:
-        """Remember `run` by its last hash, as the most recent (the oldest forgotten)."""
         runs = self._freed_runs
-        runs.pop(last_hash, None)
-        runs[last_hash] = run
+        runs.pop(last, None)
+        runs[last] = _FreedRun(_as_list(block_ids[:end]), start, hashes, mark)
         if len(runs) > _MAX_FREED_RUNS:
             runs.popitem(last=False)
 
@@ -618,13 +585,10 @@ class KVPool:
             self._version += len(brought)
         return len(brought)
 
-    def import_cached(self, hashes: Sequence[int], prefix: Sequence[int] | None = None) -> int:
+    def import_cached(self, hashes: Sequence[int]) -> int:
         """Install content received from another node as cached unused blocks, evicting
         if needed (a prefix pulled ahead of a prefill). Returns blocks installed: the
-        first ones missing here, as many as fit. `prefix`, when given, is what precedes
-        `hashes` in the prompt they come from: when every hash was missing and fits, the
-        installed blocks are remembered as a freed run that follows that prefix, so the
-        prefill that follows takes them up as one run (the prefix looked up then)."""
+        first ones missing here, as many as fit."""
         index = self._index
         missing = list(dict.fromkeys(filterfalse(index.__contains__, hashes)))
         missing = missing[: self.num_free_blocks]
@@ -639,32 +603,8 @@ class KVPool:
         index.update(zip(missing, ids, strict=True))
         if self.listener is not None:
             self.listener.on_device_many(missing, True)
-        self._release_installed(ids, missing)
-        if prefix is not None and len(missing) == len(hashes) and self._marked:
-            self._remember_import(ids, tuple(missing), prefix)
+        self._release(ids)  # unused now: cached, evictable tail first (not a prefix run)
         return len(missing)
-
-    def _remember_import(
-        self, block_ids: list[int], hashes: tuple[int, ...], prefix: Sequence[int]
-    ) -> None:
-        """Remember installed blocks (one untouched run of candidates) as a freed run
-        after `prefix`, unless a run freed here ends where they start and `_locate`
-        would find it from their end: that run's blocks, usually more, are taken whole
-        then, and these looked up."""
-        if prefix and len(hashes) < _MAX_RUN_LOOKBACK and prefix[-1] in self._freed_runs:
-            return
-        mark = self._ref[block_ids[-1]]
-        self._keep_run(hashes[-1], _FreedRun(block_ids, 0, hashes, mark, len(prefix)))
-
-    def _release_installed(self, block_ids: list[int], block_hashes: list[int]) -> None:
-        """`_release` of blocks just allocated (one reference each) and given these hashes:
-        all become candidates, tail first, without reading their words and hashes back."""
-        if not self._marked:
-            refs = self._ref
-            for block_id in block_ids:
-                refs[block_id] = 0
-        self.eviction.add_many(block_ids[::-1], block_hashes[::-1])
-        self._num_in_use -= len(block_ids)
 
     def clear(self) -> None:
         """Lose every cached block (a worker restart). Blocks in use must be freed first."""

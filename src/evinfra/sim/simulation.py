@@ -298,7 +298,7 @@ class Simulation:
         self.metrics.num_prefix_pulls += 1
 
         def arrived() -> None:
-            node.sched.pool.import_cached(moving, hashes[:have])
+            node.sched.pool.import_cached(moving)
             self._enqueue(dst, rid, decode_here)
 
         self.events.push(end, Phase.TRANSFER_DONE, arrived)
