@@ -1,15 +1,17 @@
 """The planner's latency comparison of every node mixed against a split: hand-computed
 predictions, overload as infinity, the rates' mixed steps from the cost model, and the
 planner keeping nodes mixed past the utilisation threshold where mixing is faster, and
-leaving a split past its capacity for mixed nodes that carry the load."""
+leaving a split past its capacity, or serving past the ITL target, for mixed nodes that
+carry the load."""
 
 import math
 from dataclasses import replace
 
 import pytest
 
-from evinfra.core.types import Role
+from evinfra.core.types import Request, Role
 from evinfra.costmodel.base import BatchShape
+from evinfra.policy.base import RequestFinished
 from evinfra.policy.bundle import ClusterShape
 from evinfra.policy.evolving.bundle import monotone_decode
 from evinfra.policy.evolving.latency import (
@@ -206,3 +208,42 @@ def test_a_split_within_its_capacity_margin_stays() -> None:
     split = [Role.PREFILL] * 3 + [Role.DECODE]
     assert _plan_twice(_planner(True), 3200, 100, split) == []
     assert _plan_twice(_planner(True), 3200, 100, [Role.MIXED] * 4) == []
+
+
+def _plan_at(p: EvolvingPlanner, start_s: float, roles: list[Role], tpot_s: float) -> list[Role]:
+    """`_plan_twice`'s load (2,000 uncached prompt and 200 output tokens a call) from
+    `start_s` for 30 s, its calls finishing at `tpot_s`, then two plans."""
+    for t in range(30):
+        for j in range(10):
+            now_s = start_s + t + j / 10
+            req = Request(int(now_s * 1000), (), 2100, 200)
+            p.observe(RequestFinished(req, now_s, 100, 0.1, 0.1 + 200 * tpot_s, tpot_s))
+    view = cluster(*(FakeNode(i, role) for i, role in enumerate(roles)))
+    p.plan(view, start_s + 30.0)
+    return sorted((c.new_role for c in p.plan(view, start_s + 30.5)), key=lambda r: r.value)
+
+
+SPLIT_3_1 = [Role.PREFILL] * 3 + [Role.DECODE]
+
+
+def test_a_split_serving_past_the_itl_target_is_left_for_mixed_nodes() -> None:
+    # the load where the 3/1 split is predicted faster and stays (above), its calls
+    # observed at 80 ms a token against the 50 ms target (decodes queued for batch
+    # slots, which the prediction does not see); mixed TPOT is predicted within it
+    p = _planner(True)
+    assert _plan_at(p, 0.0, SPLIT_3_1, 0.08) == [Role.MIXED] * 4
+    assert p._offered is not None and mixed_tpot_s(MOE, p._offered, 4) < 0.05
+    # within the target, or with the rule off, the split stays
+    assert _plan_at(_planner(True), 0.0, SPLIT_3_1, 0.04) == []
+    off = replace(_planner(True).config, mixed_past_split_itl=False)
+    assert _plan_at(EvolvingPlanner(SessionTable(), MOE, 16, off), 0.0, SPLIT_3_1, 0.08) == []
+
+
+def test_nodes_stay_mixed_for_the_capacity_window_after_leaving_a_split_on_its_itl() -> None:
+    # from every node mixed this load splits (above); after the split was left on its TPOT
+    # the nodes stay mixed for 120 s (`capacity_window_s`), then split again
+    p = _planner(True)
+    assert _plan_at(p, 0.0, SPLIT_3_1, 0.08) == [Role.MIXED] * 4
+    mixed = [Role.MIXED] * 4
+    assert _plan_at(p, 60.0, mixed, 0.02) == []  # plans at 90 and 90.5 s
+    assert _plan_at(p, 130.0, mixed, 0.02) == [Role.DECODE] + [Role.PREFILL] * 3

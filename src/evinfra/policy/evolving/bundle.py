@@ -37,6 +37,7 @@ OPTIONS = (
     "mixed_past_split_capacity",
     "split_capacity_margin",
     "capacity_window_s",
+    "mixed_past_split_itl",
     "split_by_latency",
     "tier_messages",
 )
@@ -97,6 +98,7 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
                     options, "split_capacity_margin", 0.1, min_value=0.0
                 ),
                 capacity_window_s=get_float(options, "capacity_window_s", 120.0, min_value=0.0),
+                mixed_past_split_itl=get_bool(options, "mixed_past_split_itl", True),
                 split_by_latency=get_bool(options, "split_by_latency", False),
                 switch_mode=mode,
             ),

@@ -67,6 +67,11 @@ class PlannerConfig:
     capacity_window_s: float = 120.0
     """The split's load past capacity is averaged over this trailing window, so a burst
     does not leave a split that carries the load on the whole."""
+    mixed_past_split_itl: bool = True
+    """A split in force whose observed mean TPOT (calls finished over `window_s`) passes
+    `itl_target_s` is left for every node mixed where mixed TPOT is predicted within the
+    target, and nodes then stay mixed for `capacity_window_s`: past its decode pool's
+    batch slots a split queues decodes for a slot, which the latency model does not see."""
     split_by_latency: bool = False
     """Split at the prefill count predicted fastest (`latency.fastest_split`) instead of the
     one balancing the two demands' load per node (an experiment, off by default)."""
@@ -101,6 +106,12 @@ class EvolvingPlanner:
     """`_load` without the queued backlog, which a split's own prefill pool builds."""
     _capacity_loads: deque[tuple[float, float]] = field(default_factory=deque)
     """(time, the best split's load against its capacity) of recent plans."""
+    _tpots: deque[tuple[float, float]] = field(default_factory=deque)
+    """(time, TPOT) of calls with two or more output tokens finished within `window_s`."""
+    _plan_s: float = 0.0
+    """The time of the plan being made."""
+    _left_split_s: float = -math.inf
+    """When a split was last left on its observed TPOT (`_mixed_past_split_itl`)."""
 
     @property
     def interval_s(self) -> float:
@@ -113,6 +124,8 @@ class EvolvingPlanner:
             self._finished.append(
                 (observation.now_s, uncached, req.max_output_tokens, req.num_prompt_tokens)
             )
+            if req.max_output_tokens >= 2:
+                self._tpots.append((observation.now_s, observation.tpot_s))
 
     def _observed(self, now_s: float, span_s: float) -> tuple[float, float]:
         """Uncached prompt and output tokens per second over the last `span_s`."""
@@ -236,6 +249,9 @@ class EvolvingPlanner:
         if mixing and self._mixed_past_split_capacity(num_nodes, current_p is not None):
             self._split = False
             return 0, 0, num_nodes
+        if mixing and self._mixed_past_split_itl(num_nodes, current_p is not None):
+            self._split = False
+            return 0, 0, num_nodes
         # the latency rule keeps nodes mixed but never leaves a split in force: under a
         # split its inputs (prefill queues, small prefills on decode nodes) are the
         # split's own, and leaving on them flapped GLM-5 computer-use at 64 GPUs between
@@ -298,6 +314,32 @@ class EvolvingPlanner:
             return False
         return mixed_tpot_s(self.rates, load, num_nodes) <= cfg.itl_target_s
 
+    def _observed_tpot_s(self) -> float:
+        """Mean TPOT of the calls finished within `window_s` (trimmed by `plan`); 0
+        without any."""
+        tpots = self._tpots
+        return sum(t for _, t in tpots) / len(tpots) if tpots else 0.0
+
+    def _mixed_past_split_itl(self, num_nodes: int, split: bool) -> bool:
+        """A split in force serves calls slower than the ITL target (observed mean TPOT),
+        or one was left so within `capacity_window_s`, and every node mixed is predicted
+        within the target. The latency model takes the running decodes from Little's law
+        on the output rate, and a split whose decode pool is short of batch slots queues
+        the rest for one (Kimi-K2 coding at 64 GPUs, 7.5 sessions/s: 2/6 from 900 s with
+        1,780-2,150 running decodes against 1,536 slots, calls' TPOT 78-124 ms where
+        27.6 ms was predicted); mixed nodes batch on every node."""
+        cfg, load = self.config, self._offered
+        if not cfg.mixed_past_split_itl or load is None:
+            return False
+        now_s = self._plan_s
+        leave = split and self._observed_tpot_s() > cfg.itl_target_s
+        held = now_s - self._left_split_s < cfg.capacity_window_s
+        if not (leave or held) or mixed_tpot_s(self.rates, load, num_nodes) > cfg.itl_target_s:
+            return False
+        if leave:
+            self._left_split_s = now_s
+        return True
+
     def _mixing_is_faster(self, num_prefill: int, num_nodes: int) -> bool:
         """Every node mixed is predicted to serve a call no later than the split with
         `num_prefill` prefill nodes, within `split_hysteresis` (mixed is in force)."""
@@ -318,6 +360,10 @@ class EvolvingPlanner:
             # planner does), so restarts never take the whole cluster offline
             return []
         nodes = [n for n in view.nodes if n.is_serving]
+        self._plan_s = now_s
+        tpots = self._tpots
+        while tpots and tpots[0][0] < now_s - self.config.window_s:
+            tpots.popleft()
         need_p, need_d = self.demand(view, now_s)
         self._note_split_capacity(need_d, len(nodes), now_s)
         current = tuple(sum(1 for n in nodes if n.role is r) for r in _ROLES)
