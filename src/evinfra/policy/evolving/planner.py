@@ -53,8 +53,8 @@ class PlannerConfig:
     mixed_by_latency: bool = True
     """Past that share, nodes still all mixed stay mixed while mixing is predicted no
     slower than the split, within `split_hysteresis` (`latency.py`); a split in force is
-    left only when load falls below the share's band or past the split's capacity
-    (`mixed_past_split_capacity`)."""
+    left only when load falls below the share's band, past the split's capacity
+    (`mixed_past_split_capacity`) or past the ITL target (`mixed_past_split_itl`)."""
     mixed_past_split_capacity: bool = True
     """Every node is mixed, a split in force left, where no split carries the offered load
     (at every prefill count the prefill pool past its full rate or the decode pool past
@@ -226,8 +226,9 @@ class EvolvingPlanner:
         prefill interference costs little there and any node can take a session back where
         its context lives; past `mixed_below_utilisation` the split disaggregates, unless
         prefill's share of the work rounds to no node, the running decodes' KV would
-        not fit on the split's decode nodes, or no split carries the load where every node
-        mixed does (`_mixed_past_split_capacity`)."""
+        not fit on the split's decode nodes, or no split carries the load, or the split in
+        force serves calls past the ITL target, where every node mixed is predicted to
+        carry it (`_mixed_past_split_capacity`, `_mixed_past_split_itl`)."""
         threshold = self.config.mixed_below_utilisation
         if self._split:
             threshold *= 0.8  # a band, so load near the threshold does not flap the roles
@@ -255,8 +256,8 @@ class EvolvingPlanner:
         # the latency rule keeps nodes mixed but never leaves a split in force: under a
         # split its inputs (prefill queues, small prefills on decode nodes) are the
         # split's own, and leaving on them flapped GLM-5 computer-use at 64 GPUs between
-        # 6/2 and all mixed every 50 s; a split is left when load falls below the band
-        # or past the split's capacity (above)
+        # 6/2 and all mixed every 50 s; a split is left when load falls below the band,
+        # past the split's capacity or past the ITL target (above)
         if mixing and current_p is None and self._mixing_is_faster(p, num_nodes):
             self._split = False
             return 0, 0, num_nodes
