@@ -210,13 +210,15 @@ def test_a_split_within_its_capacity_margin_stays() -> None:
     assert _plan_twice(_planner(True), 3200, 100, [Role.MIXED] * 4) == []
 
 
-def _plan_at(p: EvolvingPlanner, start_s: float, roles: list[Role], tpot_s: float) -> list[Role]:
-    """`_plan_twice`'s load (2,000 uncached prompt and 200 output tokens a call) from
+def _plan_at(
+    p: EvolvingPlanner, start_s: float, roles: list[Role], tpot_s: float, out: int = 200
+) -> list[Role]:
+    """`_plan_twice`'s load (2,000 uncached prompt and `out` output tokens a call) from
     `start_s` for 30 s, its calls finishing at `tpot_s`, then two plans."""
     for t in range(30):
         for j in range(10):
             now_s = start_s + t + j / 10
-            req = Request(int(now_s * 1000), (), 2100, 200)
+            req = Request(int(now_s * 1000), (), 2100, out)
             p.observe(RequestFinished(req, now_s, 100, 0.1, 0.1 + 200 * tpot_s, tpot_s))
     view = cluster(*(FakeNode(i, role) for i, role in enumerate(roles)))
     p.plan(view, start_s + 30.0)
@@ -247,3 +249,12 @@ def test_nodes_stay_mixed_for_the_capacity_window_after_leaving_a_split_on_its_i
     mixed = [Role.MIXED] * 4
     assert _plan_at(p, 60.0, mixed, 0.02) == []  # plans at 90 and 90.5 s
     assert _plan_at(p, 130.0, mixed, 0.02) == [Role.DECODE] + [Role.PREFILL] * 3
+
+
+def test_a_split_past_the_itl_target_stays_where_mixed_nodes_would_be_slower_still() -> None:
+    # 1,200-token outputs: mixed TPOT is predicted at 64 ms, so a split observed at 80 ms
+    # is not left; the planner moves a node to decode as it does at 20 ms
+    p = _planner(True)
+    assert _plan_at(p, 0.0, SPLIT_3_1, 0.08, out=1200) == [Role.DECODE]
+    assert p._offered is not None and mixed_tpot_s(MOE, p._offered, 4) > 0.05
+    assert _plan_at(_planner(True), 0.0, SPLIT_3_1, 0.02, out=1200) == [Role.DECODE]
