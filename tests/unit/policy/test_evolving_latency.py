@@ -25,7 +25,7 @@ from evinfra.policy.evolving.planner import EvolvingPlanner, PlannerConfig
 from evinfra.policy.evolving.rates import node_rates
 from evinfra.policy.evolving.sessions import SessionTable
 from tests.unit.policy.dynamo_fakes import FakeNode, cluster
-from tests.unit.policy.test_evolving_router_planner import RATES, finished
+from tests.unit.policy.test_evolving_router_planner import RATES
 
 # compute bound like a large MoE: a 512-token chunk takes 51.2 ms and a step that also
 # carries decodes barely more, while a decode-only step takes 10 to 50 ms
@@ -112,14 +112,25 @@ def _planner(
     return EvolvingPlanner(SessionTable(), MOE, 16, cfg)
 
 
-def _plan_twice(p: EvolvingPlanner, uncached: int, out: int, roles: list[Role]) -> list[Role]:
-    """Ten calls a second for 30 s, then two plans (a target must hold twice)."""
+def _plan_twice(
+    p: EvolvingPlanner,
+    uncached: int,
+    out: int,
+    roles: list[Role],
+    *,
+    tpot_s: float = 0.02,
+    start_s: float = 0.0,
+) -> list[Role]:
+    """Ten calls a second from `start_s` for 30 s, finishing at `tpot_s`, then two plans
+    (a target must hold twice)."""
     for t in range(30):
         for j in range(10):
-            p.observe(finished(t + j / 10, prompt=uncached + 100, cached_tokens=100, out=out))
+            now_s = start_s + t + j / 10
+            req = Request(int(now_s * 1000), (), uncached + 100, out)
+            p.observe(RequestFinished(req, now_s, 100, 0.1, 0.1 + out * tpot_s, tpot_s))
     view = cluster(*(FakeNode(i, role) for i, role in enumerate(roles)))
-    p.plan(view, 30.0)
-    return sorted((c.new_role for c in p.plan(view, 30.5)), key=lambda r: r.value)
+    p.plan(view, start_s + 30.0)
+    return sorted((c.new_role for c in p.plan(view, start_s + 30.5)), key=lambda r: r.value)
 
 
 def test_planner_stays_mixed_past_the_threshold_where_mixing_is_faster() -> None:
@@ -210,21 +221,6 @@ def test_a_split_within_its_capacity_margin_stays() -> None:
     assert _plan_twice(_planner(True), 3200, 100, [Role.MIXED] * 4) == []
 
 
-def _plan_at(
-    p: EvolvingPlanner, start_s: float, roles: list[Role], tpot_s: float, out: int = 200
-) -> list[Role]:
-    """`_plan_twice`'s load (2,000 uncached prompt and `out` output tokens a call) from
-    `start_s` for 30 s, its calls finishing at `tpot_s`, then two plans."""
-    for t in range(30):
-        for j in range(10):
-            now_s = start_s + t + j / 10
-            req = Request(int(now_s * 1000), (), 2100, out)
-            p.observe(RequestFinished(req, now_s, 100, 0.1, 0.1 + 200 * tpot_s, tpot_s))
-    view = cluster(*(FakeNode(i, role) for i, role in enumerate(roles)))
-    p.plan(view, start_s + 30.0)
-    return sorted((c.new_role for c in p.plan(view, start_s + 30.5)), key=lambda r: r.value)
-
-
 SPLIT_3_1 = [Role.PREFILL] * 3 + [Role.DECODE]
 
 
@@ -233,28 +229,31 @@ def test_a_split_serving_past_the_itl_target_is_left_for_mixed_nodes() -> None:
     # observed at 80 ms a token against the 50 ms target (decodes queued for batch
     # slots, which the prediction does not see); mixed TPOT is predicted within it
     p = _planner(True)
-    assert _plan_at(p, 0.0, SPLIT_3_1, 0.08) == [Role.MIXED] * 4
+    assert _plan_twice(p, 2000, 200, SPLIT_3_1, tpot_s=0.08) == [Role.MIXED] * 4
     assert p._offered is not None and mixed_tpot_s(MOE, p._offered, 4) < 0.05
     # within the target, or with the rule off, the split stays
-    assert _plan_at(_planner(True), 0.0, SPLIT_3_1, 0.04) == []
-    off = replace(_planner(True).config, mixed_past_split_itl=False)
-    assert _plan_at(EvolvingPlanner(SessionTable(), MOE, 16, off), 0.0, SPLIT_3_1, 0.08) == []
+    assert _plan_twice(_planner(True), 2000, 200, SPLIT_3_1, tpot_s=0.04) == []
+    off = EvolvingPlanner(
+        SessionTable(), MOE, 16, replace(_planner(True).config, mixed_past_split_itl=False)
+    )
+    assert _plan_twice(off, 2000, 200, SPLIT_3_1, tpot_s=0.08) == []
 
 
 def test_nodes_stay_mixed_for_the_capacity_window_after_leaving_a_split_on_its_itl() -> None:
     # from every node mixed this load splits (above); after the split was left on its TPOT
     # the nodes stay mixed for 120 s (`capacity_window_s`), then split again
     p = _planner(True)
-    assert _plan_at(p, 0.0, SPLIT_3_1, 0.08) == [Role.MIXED] * 4
+    assert _plan_twice(p, 2000, 200, SPLIT_3_1, tpot_s=0.08) == [Role.MIXED] * 4
     mixed = [Role.MIXED] * 4
-    assert _plan_at(p, 60.0, mixed, 0.02) == []  # plans at 90 and 90.5 s
-    assert _plan_at(p, 130.0, mixed, 0.02) == [Role.DECODE] + [Role.PREFILL] * 3
+    # plans at 90 and 90.5 s, then at 160 and 160.5 s
+    assert _plan_twice(p, 2000, 200, mixed, start_s=60.0) == []
+    assert _plan_twice(p, 2000, 200, mixed, start_s=130.0) == [Role.DECODE] + [Role.PREFILL] * 3
 
 
 def test_a_split_past_the_itl_target_stays_where_mixed_nodes_would_be_slower_still() -> None:
     # 1,200-token outputs: mixed TPOT is predicted at 64 ms, so a split observed at 80 ms
     # is not left; the planner moves a node to decode as it does at 20 ms
     p = _planner(True)
-    assert _plan_at(p, 0.0, SPLIT_3_1, 0.08, out=1200) == [Role.DECODE]
+    assert _plan_twice(p, 2000, 1200, SPLIT_3_1, tpot_s=0.08) == [Role.DECODE]
     assert p._offered is not None and mixed_tpot_s(MOE, p._offered, 4) > 0.05
-    assert _plan_at(_planner(True), 0.0, SPLIT_3_1, 0.02, out=1200) == [Role.DECODE]
+    assert _plan_twice(_planner(True), 2000, 1200, SPLIT_3_1, tpot_s=0.02) == [Role.DECODE]

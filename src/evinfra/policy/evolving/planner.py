@@ -87,8 +87,9 @@ class EvolvingPlanner:
     rates: NodeRates
     block_size: int
     config: PlannerConfig = field(default_factory=PlannerConfig)
-    _finished: deque[tuple[float, int, int, int]] = field(default_factory=deque)
-    """(time, uncached prompt tokens, output tokens, prompt tokens) of recent finishes."""
+    _finished: deque[tuple[float, int, int, int, float]] = field(default_factory=deque)
+    """(time, uncached prompt tokens, output tokens, prompt tokens, TPOT) of the calls
+    finished within `window_s` (trimmed by `_observed_calls`, which `demand` runs)."""
     _last_switch_s: dict[int, float] = field(default_factory=dict)
     _pending_target: tuple[int, int, int] | None = None
     _split: bool = True
@@ -106,8 +107,6 @@ class EvolvingPlanner:
     """`_load` without the queued backlog, which a split's own prefill pool builds."""
     _capacity_loads: deque[tuple[float, float]] = field(default_factory=deque)
     """(time, the best split's load against its capacity) of recent plans."""
-    _tpots: deque[tuple[float, float]] = field(default_factory=deque)
-    """(time, TPOT) of calls with two or more output tokens finished within `window_s`."""
     _plan_s: float = 0.0
     """The time of the plan being made."""
     _left_split_s: float = -math.inf
@@ -122,10 +121,14 @@ class EvolvingPlanner:
             req = observation.request
             uncached = max(req.num_prompt_tokens - observation.num_cached_prompt_tokens, 0)
             self._finished.append(
-                (observation.now_s, uncached, req.max_output_tokens, req.num_prompt_tokens)
+                (
+                    observation.now_s,
+                    uncached,
+                    req.max_output_tokens,
+                    req.num_prompt_tokens,
+                    observation.tpot_s,
+                )
             )
-            if req.max_output_tokens >= 2:
-                self._tpots.append((observation.now_s, observation.tpot_s))
 
     def _observed(self, now_s: float, span_s: float) -> tuple[float, float]:
         """Uncached prompt and output tokens per second over the last `span_s`."""
@@ -138,7 +141,7 @@ class EvolvingPlanner:
         while self._finished and self._finished[0][0] < now_s - self.config.window_s:
             self._finished.popleft()
         pre = out = calls = prompt = 0
-        for t, u, o, n in self._finished:
+        for t, u, o, n, _ in self._finished:
             if t >= now_s - span_s:
                 pre += u
                 out += o
@@ -316,10 +319,10 @@ class EvolvingPlanner:
         return mixed_tpot_s(self.rates, load, num_nodes) <= cfg.itl_target_s
 
     def _observed_tpot_s(self) -> float:
-        """Mean TPOT of the calls finished within `window_s` (trimmed by `plan`); 0
-        without any."""
-        tpots = self._tpots
-        return sum(t for _, t in tpots) / len(tpots) if tpots else 0.0
+        """Mean TPOT of the calls with two or more output tokens finished within
+        `window_s` (`demand` trims the window first); 0 without any."""
+        tpots = [tpot for _, _, out, _, tpot in self._finished if out >= 2]
+        return sum(tpots) / len(tpots) if tpots else 0.0
 
     def _mixed_past_split_itl(self, num_nodes: int, split: bool) -> bool:
         """A split in force serves calls slower than the ITL target (observed mean TPOT),
@@ -362,9 +365,6 @@ class EvolvingPlanner:
             return []
         nodes = [n for n in view.nodes if n.is_serving]
         self._plan_s = now_s
-        tpots = self._tpots
-        while tpots and tpots[0][0] < now_s - self.config.window_s:
-            tpots.popleft()
         need_p, need_d = self.demand(view, now_s)
         self._note_split_capacity(need_d, len(nodes), now_s)
         current = tuple(sum(1 for n in nodes if n.role is r) for r in _ROLES)
