@@ -47,6 +47,12 @@ Contexts = TypeVar("Contexts", float, FloatArray)
 _DISPATCH_BYTES_PER_ELEM = 1.0 + 4.0 / 128  # FP8 activations with one FP32 scale per 128
 _COMBINE_BYTES_PER_ELEM = 2.0  # BF16
 _MAX_RUN_MEMOS = 64
+_MAX_FLOAT_RUN_STEPS = 32
+"""Decode runs up to this long are evaluated in Python floats, about 0.6 us a step, where
+numpy's 20 array operations cost about 10 us whatever the length (12 to 32 time alike)."""
+_MAX_FOLD_STEPS = 7
+"""numpy sums up to 7 float64 values as a left fold (pairwise from 8 on), so up to 7 step
+times are summed in Python floats (test_roofline_exact pins it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +147,7 @@ class RooflineCostModel:
         self._hbm_bytes_s = gpu.hbm_bandwidth_bytes_s * self.efficiency.hbm
         self._comm_prefill_token_s = self._comm_seconds_per_token(prefill=True)
         self._comm_decode_token_s = self._comm_seconds_per_token(prefill=False)
-        self._run_memo: dict[tuple[int, int], FloatArray] = {}
+        self._run_memo: dict[tuple[int, int], FloatArray | list[float]] = {}
         """Per-step times of recent decode runs by (num_seqs, num_context_tokens)."""
         eff = self.efficiency
         self._fixed_s = eff.step_overhead_s + layers * eff.layer_overhead_s
@@ -177,13 +183,48 @@ class RooflineCostModel:
         key = (num_seqs, num_context_tokens)
         times = self._run_memo.get(key)
         if times is None or len(times) < num_steps:
-            contexts = num_context_tokens + num_seqs * np.arange(num_steps, dtype=np.float64)
-            times = self._times((), num_seqs, contexts)
+            times = self._run_step_times(num_seqs, num_context_tokens, num_steps)
             memo = self._run_memo
             if len(memo) >= _MAX_RUN_MEMOS and key not in memo:
                 del memo[next(iter(memo))]  # the oldest
             memo[key] = times
+        if isinstance(times, list):  # at most _MAX_FOLD_STEPS
+            total = 0.0
+            for t in times[:num_steps]:
+                total += t
+            return total
         return float(times[:num_steps].sum())
+
+    def _run_step_times(
+        self, num_seqs: int, num_context_tokens: int, num_steps: int
+    ) -> FloatArray | list[float]:
+        """`_times` of a decode run's steps (step i: contexts summing to
+        `num_context_tokens + i * num_seqs`), in Python floats for a short run: a list up to
+        `_MAX_FOLD_STEPS` steps, else an array for numpy's sum."""
+        if num_steps > _MAX_FLOAT_RUN_STEPS:
+            contexts = num_context_tokens + num_seqs * np.arange(num_steps, dtype=np.float64)
+            return self._times((), num_seqs, contexts)
+        times = self._decode_times_in_floats(num_seqs, num_context_tokens, num_steps)
+        return times if num_steps <= _MAX_FOLD_STEPS else np.array(times)
+
+    def _decode_times_in_floats(
+        self, num_seqs: int, num_context_tokens: int, num_steps: int
+    ) -> list[float]:
+        """`_times((), num_seqs, contexts)` step by step in Python floats: the same
+        operations in the same order (the context-free parts once), so the same bits."""
+        eff = self.efficiency
+        prefill_compute_s, fixed_bytes, comm = self._fixed_parts((), num_seqs)
+        hidden = eff.comm_overlap * comm
+        exposed = comm - hidden
+        decode_flops, hbm, fixed_s = eff.decode_flops, self._hbm_bytes_s, self._fixed_s
+        decode_work = self._decode_work
+        out = []
+        for i in range(num_steps):
+            decode_s, decode_kv = decode_work(num_seqs, num_context_tokens + num_seqs * float(i))
+            compute = prefill_compute_s + decode_s / decode_flops
+            memory = (fixed_bytes + decode_kv) / hbm
+            out.append(max(max(compute, memory), hidden) + exposed + fixed_s)
+        return out
 
     # ---- components ----
     def _comm_seconds_per_token(self, prefill: bool) -> float:
@@ -250,40 +291,51 @@ class RooflineCostModel:
         costs more than the arithmetic) or for each sum in an array of them (same chunks,
         same number of sequences); the same operations in the same order either way, so
         the two give the same bits."""
-        eff = self.efficiency
+        prefill_compute_s, fixed_bytes, comm = self._fixed_parts(chunks, num_seqs)
+        decode_s, decode_kv = self._decode_work(num_seqs, contexts)
+        compute = prefill_compute_s + decode_s / self.efficiency.decode_flops
+        memory = (fixed_bytes + decode_kv) / self._hbm_bytes_s
+        return compute, memory, comm
+
+    def _fixed_parts(
+        self, chunks: tuple[PrefillChunk, ...], num_seqs: int
+    ) -> tuple[float, float, float]:
+        """The parts of a step that do not depend on the decode contexts: (prefill compute
+        seconds after efficiency, bytes read besides the decode KV, communication seconds)."""
         num_prefill = sum(c.num_new_tokens for c in chunks)
         prefill_s, prefill_kv = self._prefill_work(chunks)
         prefill_s += num_prefill * self._token_s
-        decode_s = contexts * 0.0
-        decode_kv = contexts * 0.0
-        if num_seqs > 0:
-            attended = contexts
-            if self._cap is not None:
-                # Sparse attention caps keys per sequence; only the sum of contexts is
-                # known, so the cap applies to the mean context.
-                mean = contexts / num_seqs
-                capped = (
-                    np.minimum(mean, float(self._cap))
-                    if isinstance(mean, np.ndarray)
-                    else min(mean, float(self._cap))
-                )
-                attended = num_seqs * capped
-            decode_s = (
-                num_seqs * (self._token_s + self._logit_s)
-                + attended * self._decode_pair_s
-                + contexts * self._indexer_pair_s
-            )
-            decode_kv = (
-                attended * self._attn_kv_bytes
-                + contexts * self._indexer_kv_bytes
-                + num_seqs * (self._attn_kv_bytes + self._indexer_kv_bytes)
-            )
-        compute = prefill_s / eff.prefill_flops + decode_s / eff.decode_flops
         experts = self._distinct_experts(num_prefill + num_seqs)
         weight_bytes = self._fixed_weight_bytes + experts * self._expert_bytes
-        memory = (weight_bytes + prefill_kv + decode_kv) / self._hbm_bytes_s
         comm = num_prefill * self._comm_prefill_token_s + num_seqs * self._comm_decode_token_s
-        return compute, memory, comm
+        return prefill_s / self.efficiency.prefill_flops, weight_bytes + prefill_kv, comm
+
+    def _decode_work(self, num_seqs: int, contexts: Contexts) -> tuple[Contexts, Contexts]:
+        """(compute seconds at peak, KV bytes per GPU) of the decode part of a step."""
+        if num_seqs <= 0:
+            return contexts * 0.0, contexts * 0.0
+        attended = contexts
+        if self._cap is not None:
+            # Sparse attention caps keys per sequence; only the sum of contexts is
+            # known, so the cap applies to the mean context.
+            mean = contexts / num_seqs
+            capped = (
+                np.minimum(mean, float(self._cap))
+                if isinstance(mean, np.ndarray)
+                else min(mean, float(self._cap))
+            )
+            attended = num_seqs * capped
+        decode_s = (
+            num_seqs * (self._token_s + self._logit_s)
+            + attended * self._decode_pair_s
+            + contexts * self._indexer_pair_s
+        )
+        decode_kv = (
+            attended * self._attn_kv_bytes
+            + contexts * self._indexer_kv_bytes
+            + num_seqs * (self._attn_kv_bytes + self._indexer_kv_bytes)
+        )
+        return decode_s, decode_kv
 
     def _step_time_scalar(
         self, chunks: tuple[PrefillChunk, ...], num_seqs: int, context: float

@@ -1,5 +1,6 @@
 """The roofline's fast paths give the same bits as its numpy evaluation: one step in
-Python floats, and decode runs answered from a remembered run's step times."""
+Python floats, short decode runs in Python floats, and decode runs answered from a
+remembered run's step times."""
 
 from __future__ import annotations
 
@@ -101,3 +102,31 @@ def test_decode_run_memo_is_bounded_and_keyed_by_batch() -> None:
     assert len(model._run_memo) <= 64
     assert model.decode_run_time_s(8, 1000, 0, 50) == first
     assert model.decode_run_time_s(9, 1000, 0, 50) != first
+
+
+@pytest.mark.parametrize("num_values", range(1, 8))
+def test_numpy_sums_up_to_seven_values_as_a_left_fold(num_values: int) -> None:
+    rng = np.random.default_rng(num_values)
+    for _ in range(2000):
+        values = rng.random(num_values) * 10.0 ** rng.integers(-4, 4, num_values)
+        total = 0.0
+        for v in values.tolist():
+            total += v
+        assert float(values.sum()) == total
+
+
+@pytest.mark.parametrize(("model_name", "gpu_name", "num_gpus"), catalog_nodes())
+def test_short_decode_runs_in_floats_equal_numpy_on_every_catalog_node(
+    model_name: str, gpu_name: str, num_gpus: int
+) -> None:
+    model = RooflineCostModel(NodeSpec.from_names(model_name, gpu_name, num_gpus, kv_dtype="bf16"))
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        num_seqs = int(rng.integers(1, 300))
+        context = int(rng.integers(0, 200_000)) * num_seqs
+        # a run's first evaluation (up to 40 steps: both sides of each threshold), then
+        # shorter asks answered from the remembered list or array
+        for steps in (int(rng.integers(1, 41)), 1, 3, 7, 8, 9, 33):
+            assert model.decode_run_time_s(num_seqs, context, 0, steps) == numpy_run_time_s(
+                model, num_seqs, context, steps
+            )
