@@ -10,7 +10,7 @@ remote prefill plus a transfer back.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from evinfra.core.blocks import num_blocks_for
@@ -45,9 +45,6 @@ class EvolvingRouter:
         self.config = config
         self.num_pulls = 0
         self.num_local_prefills = 0
-        self._step_s_by_num_seqs: dict[int, float] = {}
-        """`rates.decode_step_s` by batch size (an interpolation asked for every decode node
-        on every route; `rates` is frozen, so each size is interpolated once)."""
 
     def _expected_output_tokens(self, request: Request) -> float:
         hints = request.hints
@@ -59,27 +56,14 @@ class EvolvingRouter:
             return entry.output_tokens_ewma
         return self.table.output_tokens_ewma
 
-    def _decode_step_s(self, num_seqs: int) -> float:
-        step_s = self._step_s_by_num_seqs.get(num_seqs)
-        if step_s is None:
-            step_s = self._step_s_by_num_seqs[num_seqs] = self.rates.decode_step_s(num_seqs)
-        return step_s
-
-    def _decode_costs_s(
-        self, nodes: Iterable[NodeView], request: Request, out_tokens: float
-    ) -> dict[int, float]:
-        """Each node's predicted decode time for `request`, by node id, plus a penalty
-        where the node lacks KV room for it. Mutates only the step-time memo."""
+    def _decode_cost_s(self, node: NodeView, request: Request, out_tokens: float) -> float:
+        rates = self.rates
         steps = max(out_tokens - 1.0, 0.0)
-        num_tokens = request.num_prompt_tokens + int(out_tokens)
-        penalty_s = self.config.kv_full_penalty_s
-        costs: dict[int, float] = {}
-        for node in nodes:
-            cost = steps * self._decode_step_s(node.num_running_decodes + 1)
-            if num_blocks_for(num_tokens, node.block_size) > node.num_free_blocks:
-                cost += penalty_s
-            costs[node.node_id] = cost
-        return costs
+        cost = steps * rates.decode_step_s(node.num_running_decodes + 1)
+        need = num_blocks_for(request.num_prompt_tokens + int(out_tokens), node.block_size)
+        if need > node.num_free_blocks:
+            cost += self.config.kv_full_penalty_s
+        return cost
 
     def route(self, request: Request, view: ClusterView, now_s: float) -> Route:
         nodes = [n for n in view.nodes if n.is_serving]
@@ -93,10 +77,10 @@ class EvolvingRouter:
         candidates = self._candidates(nodes, matches, request)
         remote_decoders = self._decoder_candidates(decoders, matches)
         # decode costs of the nodes predicted only: O(candidates) per request, not O(nodes)
-        dcost = self._decode_costs_s(remote_decoders, request, out_tokens)
-        missing = [n for n in candidates if n.role is not Role.PREFILL and n.node_id not in dcost]
-        if missing:
-            dcost.update(self._decode_costs_s(missing, request, out_tokens))
+        dcost = {n.node_id: self._decode_cost_s(n, request, out_tokens) for n in remote_decoders}
+        for n in candidates:
+            if n.role is not Role.PREFILL and n.node_id not in dcost:
+                dcost[n.node_id] = self._decode_cost_s(n, request, out_tokens)
         remote = self._best_remote_decoder(remote_decoders, request, matches, dcost)
         best: _Choice | None = None
         for node in candidates:
