@@ -51,11 +51,16 @@ def catalog_nodes() -> list[tuple[str, str, int]]:
     return nodes
 
 
+def catalog_model(model_name: str, gpu_name: str, num_gpus: int) -> RooflineCostModel:
+    """The roofline model of one of `catalog_nodes()`."""
+    return RooflineCostModel(NodeSpec.from_names(model_name, gpu_name, num_gpus, kv_dtype="bf16"))
+
+
 @pytest.mark.parametrize(("model_name", "gpu_name", "num_gpus"), catalog_nodes())
 def test_step_time_in_floats_equals_numpy_on_every_catalog_node(
     model_name: str, gpu_name: str, num_gpus: int
 ) -> None:
-    model = RooflineCostModel(NodeSpec.from_names(model_name, gpu_name, num_gpus, kv_dtype="bf16"))
+    model = catalog_model(model_name, gpu_name, num_gpus)
     rng = np.random.default_rng(0)
     for _ in range(200):
         num_seqs = int(rng.integers(0, 300))
@@ -119,7 +124,7 @@ def test_numpy_sums_up_to_seven_values_as_a_left_fold(num_values: int) -> None:
 def test_short_decode_runs_in_floats_equal_numpy_on_every_catalog_node(
     model_name: str, gpu_name: str, num_gpus: int
 ) -> None:
-    model = RooflineCostModel(NodeSpec.from_names(model_name, gpu_name, num_gpus, kv_dtype="bf16"))
+    model = catalog_model(model_name, gpu_name, num_gpus)
     rng = np.random.default_rng(1)
     for _ in range(40):
         num_seqs = int(rng.integers(1, 300))
