@@ -113,13 +113,23 @@ def test_role_switches_under_load_lose_nothing(server: ServerProcess) -> None:
     async def run() -> tuple[list[list[int]], int]:
         client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
         tasks = [asyncio.create_task(complete(client, ids, n)) for ids, n in cases]
-        in_flight_at_switch = 0
+
+        async def live_requests() -> int:
+            nodes = await asyncio.to_thread(server.get, "/admin/nodes")
+            return int(nodes.json()["live_requests"])
+
+        # A slow machine may take longer than the switches to get the first request in:
+        # wait (bounded) until requests run, so the switches land while they do.
+        in_flight_at_switch = await live_requests()
+        deadline_s = time.monotonic() + 30
+        while in_flight_at_switch < 2 and time.monotonic() < deadline_s:
+            await asyncio.sleep(0.005)
+            in_flight_at_switch = await live_requests()
         for body in switches:
-            await asyncio.sleep(0.03)
-            live = (await asyncio.to_thread(server.get, "/admin/nodes")).json()["live_requests"]
-            in_flight_at_switch = max(in_flight_at_switch, live)
+            in_flight_at_switch = max(in_flight_at_switch, await live_requests())
             resp = await asyncio.to_thread(server.post, "/admin/role", json=body)
             assert resp.status_code == 200 and resp.json()["changed"], resp.text
+            await asyncio.sleep(0.03)
         outputs = await asyncio.wait_for(asyncio.gather(*tasks), 60)
         return outputs, in_flight_at_switch
 
