@@ -17,7 +17,6 @@ from itertools import compress, filterfalse, islice, takewhile
 from typing import Protocol
 
 from evinfra.core.eviction import EvictionPolicy, LRUEviction
-from evinfra.core.held_runs import HELD, HeldRun, HeldRuns
 from evinfra.core.host_tier import HostTier
 
 
@@ -102,12 +101,7 @@ class KVPool:
         num_host_blocks: int = 0,
         eviction: EvictionPolicy | None = None,
         offload_on_evict: bool = True,
-        *,
-        hold_shared_heads: bool = True,
     ) -> None:
-        """`hold_shared_heads`: count a shared head acquired ahead of a freed run as one
-        held run (`HeldRuns`); False counts every block on its own (the same results,
-        block by block: tests compare the two)."""
         if num_device_blocks <= 0:
             raise ValueError(f"num_device_blocks must be > 0, got {num_device_blocks}")
         self.num_device_blocks = num_device_blocks
@@ -120,8 +114,6 @@ class KVPool:
         """Readers of each block when > 0; 0 or (strategies that mark their candidates
         here, `bind_blocks`) a negative mark when no one reads it."""
         self._hash: list[int | None] = []
-        self._held = HeldRuns(self._ref)
-        self._hold_heads = hold_shared_heads
         self._index: dict[int, int] = {}
         self._free: list[int] = []
         """Blocks handed out before and returned empty (popped from the end)."""
@@ -262,8 +254,7 @@ class KVPool:
         return self._hash[block_id]
 
     def ref_count(self, block_id: int) -> int:
-        word = self._ref[block_id]
-        return self._held.count(block_id) if word >= HELD else max(word, 0)
+        return max(self._ref[block_id], 0)
 
     def cached_hashes(self) -> list[int]:
         return list(self._index)
@@ -282,10 +273,10 @@ class KVPool:
         nothing: None (and nothing taken) when the new blocks would not fit once the
         cached ones are held. The cached blocks come first in the list returned."""
         ids, start, end = self._locate(cached_hashes)
-        others, counts, num_unused, head = self._outside_run(ids, start, end)
+        others, counts, num_unused = self._outside_run(ids, start, end)
         if num_new > self.num_free_blocks - num_unused:
             return None
-        self._acquire_located(ids, start, end, others, counts, num_unused, head)
+        self._acquire_located(ids, start, end, others, counts, num_unused)
         new_ids = self.try_allocate(num_new)
         assert new_ids is not None
         ids += new_ids
@@ -325,16 +316,12 @@ class KVPool:
 
     def _outside_run(
         self, ids: list[int], start: int, end: int
-    ) -> tuple[list[int], list[int], int, HeldRun | None]:
+    ) -> tuple[list[int], list[int], int]:
         """For located blocks (`_locate`): the blocks outside the untouched run
-        `ids[start:end]` and outside the held run they start with (if any: returned
-        last), their reference counts, and how many of `ids` are unused (a held run's
-        blocks are in use)."""
-        head = self._held.at_head(ids) if self._held.of else None
-        n = 0 if head is None else len(head.block_ids)
-        others = ids[n:start] + ids[end:] if end else (ids[n:] if n else ids)
+        `ids[start:end]`, their reference counts, and how many of `ids` are unused."""
+        others = ids[:start] + ids[end:] if end else ids
         counts = list(map(self._ref.__getitem__, others))
-        return others, counts, end - start + _num_unused(counts), head
+        return others, counts, end - start + _num_unused(counts)
 
     def _remember_run(
         self, block_ids: Sequence[int], cached_ids: list[int], cached_hashes: list[int]
@@ -374,20 +361,10 @@ class KVPool:
         others: list[int],
         counts: list[int],
         num_unused: int,
-        head: HeldRun | None,
     ) -> None:
         """Take a reference on `ids`: `ids[start:end]` one untouched run of candidates
-        (one call takes them from the strategy), `head` the held run they start with
-        (one count), `others` the rest, with reference counts `counts`; `num_unused`
-        unused blocks in all. Without a held run, a head ahead of the untouched run that
-        every reader of it reads whole (one count, in use) becomes one."""
-        if head is not None:
-            head.num_holders += 1
-        elif start and self._hold_heads:
-            first = counts[0]  # `others` starts with the head `ids[:start]`
-            if 0 < first < HELD and counts[:start].count(first) == start:
-                self._held.hold(ids[:start], first + 1)
-                others, counts = others[start:], counts[start:]
+        (one call takes them from the strategy), `others` the rest, with reference
+        counts `counts`; `num_unused` unused blocks in all."""
         if end:
             self.eviction.remove_run(ids[end - 1])
             self._num_in_use += end - start
@@ -526,15 +503,6 @@ class KVPool:
         """Drop a reference on each block, tail first; returns the blocks that became
         candidates, in the order given to the strategy, with their hashes."""
         refs, hashes = self._ref, self._hash
-        held = self._held
-        if held.of and block_ids:
-            head = held.at_head(_as_list(block_ids))
-            if head is not None:  # every block of the held run loses one reader
-                if head.num_holders > 1:
-                    head.num_holders -= 1
-                    block_ids = block_ids[len(head.block_ids) :]
-                else:  # its last holder: its blocks are released one by one
-                    held.dissolve(head)
         cached_ids: list[int] = []
         cached_hashes: list[int] = []
         empty = self._free
@@ -555,32 +523,13 @@ class KVPool:
                     cached_ids.append(block_id)
                     cached_hashes.append(h)
             elif ref > 1:
-                if ref == HELD:  # a held block's last reader of its own
-                    self._release_held(block_id, cached_ids, cached_hashes)
-                else:
-                    refs[block_id] = ref - 1
+                refs[block_id] = ref - 1
             else:
                 raise ValueError(f"free of block {block_id} with ref count {max(ref, 0)}")
         if cached_ids:
             self.eviction.add_many(cached_ids, cached_hashes)
         self._num_in_use -= len(cached_ids) + len(empty) - num_empty_before
         return cached_ids, cached_hashes
-
-    def _release_held(self, block_id: int, cached_ids: list[int], cached_hashes: list[int]) -> None:
-        """Release one block of a held run whose word holds no reader of its own (a reader
-        freeing some of the run's blocks, not all): the run's holders go back into its
-        blocks' words first (`HeldRuns.dissolve`), then the block is released as any."""
-        self._held.dissolve(self._held.of[block_id])
-        ref = self._ref[block_id]
-        if ref > 1:
-            self._ref[block_id] = ref - 1
-            return
-        h = self._hash[block_id]  # a held block holds indexed content
-        assert h is not None, f"held block {block_id} without content"
-        if not self._marked:
-            self._ref[block_id] = 0
-        cached_ids.append(block_id)
-        cached_hashes.append(h)
 
     def drop(self, hashes: Sequence[int]) -> int:
         """Free dead content at once (compaction, truncation, a finished session): unused
@@ -667,7 +616,6 @@ class KVPool:
         self._ref.clear()  # the list the strategy was bound to
         self._hash, self._free = [], []
         self._freed_runs.clear()
-        self._held.clear()
         self._version += 1
         self._num_removals += 1
         self.host.clear()
@@ -715,5 +663,4 @@ class KVPool:
         for block_id in free:
             if self._hash[block_id] is not None:
                 raise AssertionError(f"free block {block_id} still has content")
-        self._held.check_integrity(self._hash, self._index)
         self.host.check_integrity()
