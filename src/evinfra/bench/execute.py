@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from evinfra.bench.scenario import RunSpec
 from evinfra.bench.store import load_summary, save_error, save_run
 from evinfra.sim.runner import run_sim
 
 Log = Callable[[str], None]
+K = TypeVar("K")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,7 @@ class BenchExecutor:
         self.outcomes: dict[str, RunOutcome] = {}
         self.planned_work = 0.0
         self._done_work = 0.0
+        self._started_work = 0.0
         self._run_work = 0.0
         self._run_wall_s = 0.0
         self._num_done = 0
@@ -106,43 +109,77 @@ class BenchExecutor:
 
     def run(self, specs: list[RunSpec]) -> dict[str, RunOutcome]:
         """Outcomes of `specs` (already known ones are not run twice)."""
-        unique: dict[str, RunSpec] = {}
-        for spec in specs:
-            if spec.run_id not in self.outcomes:
-                unique.setdefault(spec.run_id, spec)
-        self._num_planned = max(self._num_planned, self._num_done + len(unique))
-        batch_work = sum(s.work for s in unique.values())
-        self.planned_work = max(self.planned_work, self._done_work + batch_work)
-        todo: list[RunSpec] = []
-        for spec in unique.values():
-            stored = load_summary(self.out, spec.run_id, spec.config) if self.resume else None
-            if stored is not None:
-                self._finish(spec, RunOutcome(spec.run_id, stored, None, 0.0, reused=True))
-            else:
-                todo.append(spec)
-        if self._pool is None:
-            for spec in todo:
-                self._finish(spec, execute_run(spec, str(self.out)))
-        else:
-            self._run_pool(self._pool, todo)
+        self.run_chains({None: specs}, lambda _: [])
         return {s.run_id: self.outcomes[s.run_id] for s in specs}
 
-    def _run_pool(self, pool: ProcessPoolExecutor, todo: list[RunSpec]) -> None:
-        futures: dict[Future[RunOutcome], RunSpec] = {
-            pool.submit(execute_run, spec, str(self.out)): spec for spec in todo
-        }
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                spec = futures[fut]
-                try:
-                    outcome = fut.result()
-                except Exception as exc:  # a dead worker fails its run only
-                    error = f"worker failed: {type(exc).__name__}: {exc}"
-                    save_error(self.out, spec.run_id, spec.config, error)
-                    outcome = RunOutcome(spec.run_id, None, error, 0.0)
-                self._finish(spec, outcome)
+    def run_chains(
+        self, first: Mapping[K, list[RunSpec]], then: Callable[[K], list[RunSpec]]
+    ) -> None:
+        """Chains of dependent batches, side by side: when every run of a key's batch has
+        its outcome (in `outcomes`), `then(key)` gives that key's next batch (empty: its
+        chain ends), which starts at once, without waiting for the other keys' batches.
+        So a goodput search per system keeps the worker processes busy, instead of each
+        round waiting for its slowest system. Without worker processes the runs go one by
+        one, in the order they are asked for."""
+        waiting: dict[K, list[str]] = {}
+        queue: deque[RunSpec] = deque()
+        futures: dict[Future[RunOutcome], RunSpec] = {}
+        started: set[str] = set()
+
+        def begin(key: K, batch: list[RunSpec]) -> None:
+            if not batch:
+                return
+            waiting[key] = [s.run_id for s in batch]
+            new = {
+                s.run_id: s
+                for s in batch
+                if s.run_id not in self.outcomes and s.run_id not in started
+            }.values()
+            self._expect(new)
+            for spec in new:
+                stored = load_summary(self.out, spec.run_id, spec.config) if self.resume else None
+                if stored is not None:
+                    self._finish(spec, RunOutcome(spec.run_id, stored, None, 0.0, reused=True))
+                    continue
+                started.add(spec.run_id)
+                if self._pool is None:
+                    queue.append(spec)
+                else:
+                    futures[self._pool.submit(execute_run, spec, str(self.out))] = spec
+
+        for key, batch in first.items():
+            begin(key, batch)
+        while waiting:
+            ready = [k for k, ids in waiting.items() if all(i in self.outcomes for i in ids)]
+            for key in ready:
+                del waiting[key]
+                begin(key, then(key))
+            if ready:
+                continue
+            if futures:
+                done, _ = wait(futures, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    spec = futures.pop(fut)
+                    started.discard(spec.run_id)
+                    self._finish(spec, self._collect(fut, spec))
+            else:
+                spec = queue.popleft()  # not empty: a waiting run is queued or running
+                started.discard(spec.run_id)
+                self._finish(spec, execute_run(spec, str(self.out)))
+
+    def _expect(self, specs: Collection[RunSpec]) -> None:
+        """Runs about to start count in the progress line and the ETA."""
+        self._num_planned = max(self._num_planned, self._num_done + len(specs))
+        self._started_work += sum(s.work for s in specs)
+        self.planned_work = max(self.planned_work, self._started_work)
+
+    def _collect(self, fut: Future[RunOutcome], spec: RunSpec) -> RunOutcome:
+        try:
+            return fut.result()
+        except Exception as exc:  # a dead worker fails its run only
+            error = f"worker failed: {type(exc).__name__}: {exc}"
+            save_error(self.out, spec.run_id, spec.config, error)
+            return RunOutcome(spec.run_id, None, error, 0.0)
 
     def _finish(self, spec: RunSpec, outcome: RunOutcome) -> None:
         self.outcomes[spec.run_id] = outcome

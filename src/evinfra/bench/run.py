@@ -27,7 +27,8 @@ Log = Callable[[str], None]
 def _goodput_runs(
     scenario: Scenario, ex: BenchExecutor, quick: bool, scenario_path: Path | None
 ) -> tuple[dict[str, Any], list[RunSpec]]:
-    """Bisection per system, each round's loads run together across systems and seeds."""
+    """Bisection per system, each system's next loads started as soon as its last are
+    judged (the systems' searches side by side, not in lockstep)."""
     spec = scenario.goodput
     assert spec is not None
     seeds = seeds_for(scenario, quick)
@@ -58,20 +59,24 @@ def _goodput_runs(
                 runs = specs_at(label, value)
                 if all(r.run_id in ex.outcomes for r in runs):
                     search.record(judge(value, [ex.outcomes[r.run_id].summary for r in runs], spec))
-    while True:
-        wanted = {label: search.next_values() for label, search in searches.items()}
-        batch = {(label, v): specs_at(label, v) for label, vs in wanted.items() for v in vs}
-        if not batch:
-            break
-        flat = [r for runs in batch.values() for r in runs]
-        all_specs.extend(flat)
-        outcomes = ex.run(flat)
-        for (label, value), runs in batch.items():
-            search = searches[label]
-            is_mid = value not in (spec.rate_lo, spec.rate_hi)
-            search.record(judge(value, [outcomes[r.run_id].summary for r in runs], spec))
-            if is_mid:
+    asked: dict[str, dict[float, list[RunSpec]]] = {}
+
+    def next_batch(label: str) -> list[RunSpec]:
+        asked[label] = {v: specs_at(label, v) for v in searches[label].next_values()}
+        batch = [r for runs in asked[label].values() for r in runs]
+        all_specs.extend(batch)
+        return batch
+
+    def then(label: str) -> list[RunSpec]:
+        search = searches[label]
+        for value, runs in asked[label].items():
+            search.record(judge(value, [ex.outcomes[r.run_id].summary for r in runs], spec))
+            if value not in (spec.rate_lo, spec.rate_hi):
                 search.advance()
+        return next_batch(label)
+
+    # each system's search goes on as soon as its own loads are judged
+    ex.run_chains({label: next_batch(label) for label in searches}, then)
     results = {label: s.result() for label, s in searches.items()}
     base = results.get(scenario.baseline)
     systems = {}

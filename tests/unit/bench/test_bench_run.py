@@ -196,3 +196,30 @@ def test_smoke_scenario_runs(tmp_path: Path) -> None:
     assert all(r["ok"] for r in results["runs"].values())
     assert (out / "report.md").is_file()
     shutil.rmtree(out)
+
+
+def test_goodput_searches_side_by_side_find_what_one_by_one_finds(
+    tmp_path: Path, scenario_data: dict[str, Any]
+) -> None:
+    # with worker processes each system's search goes on at its own pace: the same loads
+    # are tried and judged alike as when every run goes one after another
+    scenario_data["systems"] = ["evolving", "dynamo"]
+    # a 70B model on two GPUs queues within the range, so both searches bisect
+    scenario_data["base"].update(duration_s=10, model="llama-3-70b", gpu="gb300")
+    scenario_data["goodput"] = {
+        "ttft_p95_s": 0.4,
+        "tpot_mean_s": 10.0,
+        "rate_lo": 0.25,
+        "rate_hi": 4.0,
+        "iterations": 2,
+    }
+    scenario = parse_scenario(scenario_data)
+    serial = run_bench(scenario, tmp_path / "a", jobs=1, log=lambda _: None, plots=False)
+    both = run_bench(scenario, tmp_path / "b", jobs=2, log=lambda _: None, plots=False)
+    for label in ("evolving", "dynamo"):
+        a, b = serial["goodput"]["systems"][label], both["goodput"]["systems"][label]
+        assert [p["value"] for p in a["points"]] == [p["value"] for p in b["points"]]
+        assert (a["rate"], a["bound"], a["points"]) == (b["rate"], b["bound"], b["points"])
+    for label in ("evolving", "dynamo"):  # the two ends, then 2 bisections
+        assert len(serial["goodput"]["systems"][label]["points"]) == 4
+    assert sorted(serial["runs"]) == sorted(both["runs"])

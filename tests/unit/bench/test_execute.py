@@ -1,13 +1,15 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from evinfra.bench import execute
 from evinfra.bench.aggregate import sanitize
-from evinfra.bench.execute import BenchExecutor
+from evinfra.bench.execute import BenchExecutor, RunOutcome
 from evinfra.bench.scenario import RunSpec, main_runs, parse_scenario
 from evinfra.bench.store import load_latencies, load_timeseries, run_dir
 
@@ -133,3 +135,55 @@ def test_eta_scales_remaining_work(tmp_path: Path, scenario_data: dict[str, Any]
         assert eta is not None
         per_run = ex.outcomes[runs[0].run_id].wall_s
         assert eta == pytest.approx(3 * per_run)
+
+
+def _sleep_run(spec: RunSpec, out: str) -> RunOutcome:
+    """Stands in for a simulator run in the worker processes: the `slow` system takes 1.5 s,
+    every other 0.05 s."""
+    wall_s = 1.5 if spec.run_id.startswith("slow") else 0.05
+    time.sleep(wall_s)
+    return RunOutcome(spec.run_id, {"num_requests": 1}, None, wall_s)
+
+
+def test_chains_go_on_without_waiting_for_each_other(
+    tmp_path: Path, scenario_data: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a goodput search per system: the fast system's next loads start as soon as its own
+    # are judged, not when the slow system's are (in lockstep its second run would wait)
+    monkeypatch.setattr(execute, "execute_run", _sleep_run)  # forked workers inherit it
+    scenario_data["systems"] = [
+        {"name": "dynamo", "label": "slow"},
+        {"name": "dynamo", "label": "fast"},
+    ]
+    scenario_data["seeds"] = [0, 1, 2]
+    runs = {r.run_id: r for r in make_runs(scenario_data)}
+    fast = iter([[runs["fast__seed1"]], [runs["fast__seed2"]], []])
+    asked: list[str] = []
+
+    def then(key: str) -> list[RunSpec]:
+        asked.append(key)
+        return next(fast) if key == "fast" else []
+
+    lines: list[str] = []
+    first = {"slow": [runs["slow__seed0"]], "fast": [runs["fast__seed0"]]}
+    with BenchExecutor(tmp_path, jobs=2, log=lines.append) as ex:
+        ex.run_chains(first, then)
+    assert asked == ["fast", "fast", "fast", "slow"]
+    done = [line.split()[1] for line in lines]
+    assert done == ["fast__seed0", "fast__seed1", "fast__seed2", "slow__seed0"]
+    assert lines[-1].startswith("[4/4] ")
+
+
+def test_chains_run_one_by_one_without_workers(
+    tmp_path: Path, scenario_data: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(execute, "execute_run", _sleep_run)
+    scenario_data["systems"] = [{"name": "dynamo", "label": "a"}, {"name": "dynamo", "label": "b"}]
+    scenario_data["seeds"] = [0, 1]
+    runs = {r.run_id: r for r in make_runs(scenario_data)}
+    nexts = {"a": iter([[runs["a__seed1"], runs["b__seed0"]], []]), "b": iter([[]])}
+    lines: list[str] = []
+    with BenchExecutor(tmp_path, jobs=1, log=lines.append) as ex:
+        # b__seed0 is asked for twice (by b, then by a's second batch) and run once
+        ex.run_chains({"a": [runs["a__seed0"]], "b": [runs["b__seed0"]]}, lambda k: next(nexts[k]))
+    assert [line.split()[1] for line in lines] == ["a__seed0", "b__seed0", "a__seed1"]
