@@ -79,8 +79,14 @@ def test_request_that_streamed_nothing_is_resent_to_a_live_node() -> None:
         await cluster.start()
         try:
             handle = cluster.generate(list(range(3, 103)), 4)
-            await asyncio.sleep(0.3)  # node 0 is prefilling (about 1 s at this speed)
-            os.kill(cluster.worker_pids[0], signal.SIGKILL)
+            # Kill node 0 (round-robin's first) while it sleeps out its prefill step
+            # (0.9 s at this speed): a fixed wait could oversleep that on a slow machine,
+            # and a token streamed before the kill makes the request fail, not resend.
+            pid = cluster.worker_pids[0]
+            async with asyncio.timeout(20):
+                while not _in_executor_sleep(pid):
+                    await asyncio.sleep(0.005)
+            os.kill(pid, signal.SIGKILL)
             tokens: list[int] = []
             error = None
             async with asyncio.timeout(20):
@@ -93,6 +99,18 @@ def test_request_that_streamed_nothing_is_resent_to_a_live_node() -> None:
 
     tokens, error, retried = asyncio.run(run())
     assert error is None and len(tokens) == 4 and retried == 1
+
+
+def _in_executor_sleep(pid: int) -> bool:
+    """Whether a thread of process `pid` sleeps in `time.sleep` (Linux: its wchan), as the
+    timed executor does for the length of a step; idle, a node waits on its inbox."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            if "nanosleep" in (task / "wchan").read_text():
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _blocked_writing(pid: int) -> bool:
