@@ -162,7 +162,11 @@ def test_a_node_killed_in_the_middle_of_a_write_does_not_silence_the_survivor() 
                 while not _blocked_writing(pid):
                     await asyncio.sleep(0.02)
             os.kill(pid, signal.SIGKILL)
-            await asyncio.sleep(0.3)
+            # let the reader go only once the node is dead (a fixed wait may be too
+            # short on a slow machine): else its write might still complete
+            async with asyncio.timeout(10):
+                while pid_alive(pid):
+                    await asyncio.sleep(0.02)
             gate.set()
             async with asyncio.timeout(20):
                 async for _ in events:
