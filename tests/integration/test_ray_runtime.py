@@ -83,7 +83,7 @@ async def collect(handle: RequestHandle) -> tuple[list[int], str | None]:
 
 
 async def settle(cluster: LocalCluster) -> None:
-    """Wait until every live node's snapshot is idle, and one more snapshot after that
+    """Wait until every live node's snapshot is idle, and three more snapshots after that
     (so cached hashes are current before the next routing decision)."""
     async with asyncio.timeout(TIMEOUT_S):
         while not all(
@@ -92,7 +92,14 @@ async def settle(cluster: LocalCluster) -> None:
             for n in cluster.nodes
         ):  # fmt: skip
             await asyncio.sleep(0.01)
-    await asyncio.sleep(3 * cluster.config.stats_interval_s)
+        # counted, not slept for 3 intervals: on a slow machine snapshots come later
+        # than every `stats_interval_s` (each one replaces its node's `stats`)
+        for _ in range(3):
+            seen = [n.stats for n in cluster.nodes]
+            while any(
+                n.alive and n.stats is old for n, old in zip(cluster.nodes, seen, strict=True)
+            ):
+                await asyncio.sleep(0.01)
 
 
 @dataclass
