@@ -84,7 +84,7 @@ def test_request_that_streamed_nothing_is_resent_to_a_live_node() -> None:
             # and a token streamed before the kill makes the request fail, not resend.
             pid = cluster.worker_pids[0]
             async with asyncio.timeout(20):
-                while not _in_executor_sleep(pid):
+                while not _waits_in(pid, "nanosleep"):
                     await asyncio.sleep(0.005)
             os.kill(pid, signal.SIGKILL)
             tokens: list[int] = []
@@ -101,23 +101,14 @@ def test_request_that_streamed_nothing_is_resent_to_a_live_node() -> None:
     assert error is None and len(tokens) == 4 and retried == 1
 
 
-def _in_executor_sleep(pid: int) -> bool:
-    """Whether a thread of process `pid` sleeps in `time.sleep` (Linux: its wchan), as the
-    timed executor does for the length of a step; idle, a node waits on its inbox."""
+def _waits_in(pid: int, wait_channel: str) -> bool:
+    """Whether a thread of process `pid` sleeps in a kernel function whose name holds
+    `wait_channel` (Linux: its wchan): "nanosleep" in `time.sleep`, as the timed executor
+    does for the length of a step (idle, a node waits on its inbox, a futex), or
+    "pipe_write" in a blocked pipe write."""
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
-            if "nanosleep" in (task / "wchan").read_text():
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def _blocked_writing(pid: int) -> bool:
-    """Whether a thread of process `pid` sleeps in a pipe write (Linux: its wchan)."""
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            if "pipe_write" in (task / "wchan").read_text():
+            if wait_channel in (task / "wchan").read_text():
                 return True
         except OSError:
             continue
@@ -159,7 +150,7 @@ def test_a_node_killed_in_the_middle_of_a_write_does_not_silence_the_survivor() 
             cluster._deliver_from_thread = paused  # type: ignore[method-assign]
             pid = cluster.worker_pids[victim]
             async with asyncio.timeout(30):
-                while not _blocked_writing(pid):
+                while not _waits_in(pid, "pipe_write"):
                     await asyncio.sleep(0.02)
             os.kill(pid, signal.SIGKILL)
             # let the reader go only once the node is dead (a fixed wait may be too
