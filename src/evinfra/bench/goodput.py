@@ -19,7 +19,8 @@ class Bound(Enum):
     EXACT = "exact"
     """Passes at `rate`, fails just above it (within the bisection's resolution)."""
     AT_LEAST = "at_least"
-    """Passed at every load tried: the goodput is `rate` or more."""
+    """Passed at every load tried (rate_hi, or rate_max when set): the goodput is `rate` or
+    more."""
     BELOW = "below"
     """Failed at every load tried, the lowest included: the goodput is below it (rate 0)."""
 
@@ -79,12 +80,18 @@ class Bisection:
         self.verdicts: dict[float, PointVerdict] = {}
         self.num_bisections = 0
         self._max_bisections = spec.iterations
+        self._midpoints: set[float] = set()
+        """Loads proposed as bisection midpoints and not yet judged."""
 
     def limit_bisections(self, max_bisections: int) -> None:
         self._max_bisections = min(self._max_bisections, max_bisections)
 
     def record(self, verdict: PointVerdict) -> None:
+        """Judged loads: a midpoint this search proposed counts as one bisection."""
         self.verdicts[verdict.value] = verdict
+        if verdict.value in self._midpoints:
+            self._midpoints.discard(verdict.value)
+            self.num_bisections += 1
 
     def _bracket(self) -> tuple[float | None, float | None]:
         """(highest pass below the lowest fail, lowest fail)."""
@@ -94,18 +101,20 @@ class Bisection:
         return (max(passes) if passes else None), hi
 
     def next_values(self) -> list[float]:
-        """Loads to evaluate next (empty: done). First the range's ends, then midpoints."""
+        """Loads to evaluate next (empty: done). First the range's ends; while every load
+        passes, x1.5 the highest pass up to rate_max; then midpoints."""
         ends = [v for v in (self.spec.rate_lo, self.spec.rate_hi) if v not in self.verdicts]
         if ends:
             return ends
         lo, hi = self._bracket()
+        cap = self.spec.rate_max
+        if hi is None and lo is not None and cap is not None and lo < cap:
+            return [min(cap, _round_rate(lo * 1.5))]
         if lo is None or hi is None or self.num_bisections >= self._max_bisections:
             return []
-        return [_round_rate((lo + hi) / 2)]
-
-    def advance(self) -> None:
-        """Count one bisection step (call after recording a midpoint's verdict)."""
-        self.num_bisections += 1
+        mid = _round_rate((lo + hi) / 2)
+        self._midpoints.add(mid)
+        return [mid]
 
     def result(self) -> GoodputResult:
         lo, hi = self._bracket()

@@ -211,7 +211,13 @@ def goodput_table(results: dict[str, Any]) -> list[str]:
     lines = [
         f"Targets: P95 TTFT <= {t['ttft_p95_s']} s, mean TPOT <= {t['tpot_mean_s'] * 1000:g} ms,"
         f" at most {t['max_unfinished_frac']:.0%} unfinished; searched {t['field']} in"
-        f" [{t['rate_lo']:g}, {t['rate_hi']:g}] with up to {t['iterations']} bisections.",
+        f" [{t['rate_lo']:g}, {t['rate_hi']:g}]"
+        + (
+            f", stepping up x1.5 to at most {t['rate_max']:g} while every load passed,"
+            if t.get("rate_max") is not None
+            else ""
+        )
+        + f" with up to {t['iterations']} bisections.",
         "",
         f"| system | goodput ({t['field']}) | vs {results['baseline']} | first failing | why |",
         "| --- | ---: | ---: | ---: | --- |",

@@ -4,6 +4,7 @@ the plots, all under one output directory."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -71,8 +72,6 @@ def _goodput_runs(
         search = searches[label]
         for value, runs in asked[label].items():
             search.record(judge(value, [ex.outcomes[r.run_id].summary for r in runs], spec))
-            if value not in (spec.rate_lo, spec.rate_hi):
-                search.advance()
         return next_batch(label)
 
     # each system's search goes on as soon as its own loads are judged
@@ -92,6 +91,9 @@ def _estimate_goodput_work(scenario: Scenario, quick: bool) -> list[RunSpec]:
     if spec is None:
         return []
     steps = 2 + (min(spec.iterations, QUICK_MAX_BISECTIONS) if quick else spec.iterations)
+    if spec.rate_max is not None:
+        # at most this many x1.5 steps above rate_hi (an estimate for progress, not a limit)
+        steps += math.ceil(math.log(spec.rate_max / spec.rate_hi) / math.log(1.5))
     per = [
         make_run(scenario, e, s, None, quick=quick)
         for e in scenario.entries

@@ -69,7 +69,8 @@ class GoodputSpec(BaseModel):
     """Goodput: the highest `field` value (session rate) at which, in the mean over seeds,
     P95 TTFT <= ttft_p95_s, mean TPOT <= tpot_mean_s, and at most `max_unfinished_frac` of
     the window's requests are left unfinished; bracketed from rate_lo/rate_hi (and the
-    sweep's points) and refined by `iterations` bisections."""
+    sweep's points), stepped up by x1.5 to at most `rate_max` while every load passes, and
+    refined by `iterations` bisections."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -77,6 +78,9 @@ class GoodputSpec(BaseModel):
     tpot_mean_s: float = Field(gt=0)
     rate_lo: float = Field(gt=0)
     rate_hi: float = Field(gt=0)
+    rate_max: float | None = Field(None, gt=0)
+    """When a system passes at rate_hi, try x1.5 the highest pass, up to this, until one fails
+    (None: stop at rate_hi and report `at_least`)."""
     iterations: int = Field(4, ge=0, le=20)
     field: str = "session_rate"
     max_unfinished_frac: float = Field(0.01, ge=0, le=1)
@@ -85,6 +89,8 @@ class GoodputSpec(BaseModel):
     def _check(self) -> GoodputSpec:
         if self.rate_hi <= self.rate_lo:
             raise ValueError(f"rate_hi ({self.rate_hi}) must be > rate_lo ({self.rate_lo})")
+        if self.rate_max is not None and self.rate_max <= self.rate_hi:
+            raise ValueError(f"rate_max ({self.rate_max}) must be > rate_hi ({self.rate_hi})")
         if self.field not in _NUMERIC_FIELDS:
             raise ValueError(f"field {self.field!r} is not a numeric SimConfig field")
         return self

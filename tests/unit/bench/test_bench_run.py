@@ -75,6 +75,7 @@ def test_sweep_and_goodput(tmp_path: Path, scenario_data: dict[str, Any]) -> Non
         "tpot_mean_s": 10.0,
         "rate_lo": 0.5,
         "rate_hi": 4.0,
+        "rate_max": 6.0,
         "iterations": 2,
     }
     results = run_bench(parse_scenario(scenario_data), tmp_path, log=lambda _: None)
@@ -89,16 +90,19 @@ def test_sweep_and_goodput(tmp_path: Path, scenario_data: dict[str, Any]) -> Non
     gp = results["goodput"]["systems"]
     for label in ("evolving", "dynamo"):
         tried = {p["value"] for p in gp[label]["points"]}
-        # the sweep's points were reused, the range's ends evaluated
-        assert {0.5, 1.0, 2.0, 4.0} <= tried
-        assert gp[label]["bound"] == "at_least" and gp[label]["rate"] == 4.0
+        # the sweep's points were reused, the range's ends evaluated, and with every load
+        # passing the search stepped up to rate_max (x1.5 of 4 is the cap, 6)
+        assert {0.5, 1.0, 2.0, 4.0, 6.0} <= tried
+        assert gp[label]["bound"] == "at_least" and gp[label]["rate"] == 6.0
     assert gp["dynamo"]["ratio_vs_dynamo"] == 1.0
     assert is_png(tmp_path / "latency_vs_load.png")
     assert is_png(tmp_path / "goodput.png")
     report = (tmp_path / "report.md").read_text()
     assert "## Latency against load" in report and "## Goodput" in report
-    # goodput runs at 4.0 sessions/s exist as runs of their own
+    assert "stepping up x1.5 to at most 6" in report
+    # goodput runs at 4 and 6 sessions/s exist as runs of their own
     assert "dynamo__session_rate=4__seed0" in results["runs"]
+    assert "evolving__session_rate=6__seed0" in results["runs"]
 
 
 def test_goodput_tight_target_bisects(tmp_path: Path, scenario_data: dict[str, Any]) -> None:

@@ -57,8 +57,6 @@ def run_search(b: Bisection, threshold: float) -> list[list[float]]:
         rounds.append(values)
         for v in values:
             b.record(PointVerdict(v, v <= threshold, ""))
-            if v not in (b.spec.rate_lo, b.spec.rate_hi):
-                b.advance()
     return rounds
 
 
@@ -121,6 +119,39 @@ def test_bisection_brackets_the_threshold(threshold: float, iterations: int) -> 
     # each bisection halves the bracket (up to the 4-digit rounding of midpoints)
     width = (spec.rate_hi - spec.rate_lo) / 2**iterations
     assert r.upper - r.rate <= width * 1.01 + 1e-3
+
+
+def test_rate_max_steps_up_until_a_load_fails_then_bisects() -> None:
+    b = Bisection(make_spec(rate_max=30.0, iterations=2))
+    rounds = run_search(b, threshold=15.0)
+    # 9 passes: x1.5 to 13.5 (passes), 20.25 (fails); then two midpoints of [13.5, 20.25]
+    assert rounds == [[1.0, 9.0], [13.5], [20.25], [16.88], [15.19]]
+    r = b.result()
+    assert r.bound is Bound.EXACT
+    assert (r.rate, r.upper) == (13.5, 15.19)
+    assert b.num_bisections == 2
+
+
+def test_rate_max_caps_the_steps() -> None:
+    b = Bisection(make_spec(rate_max=12.0))
+    rounds = run_search(b, threshold=100.0)
+    assert rounds == [[1.0, 9.0], [12.0]]
+    r = b.result()
+    assert r.bound is Bound.AT_LEAST
+    assert r.rate == 12.0
+    # without rate_max the search stops at rate_hi
+    b = Bisection(make_spec())
+    assert run_search(b, threshold=100.0) == [[1.0, 9.0]]
+
+
+def test_rate_max_does_not_step_when_a_load_fails() -> None:
+    b = Bisection(make_spec(rate_max=30.0, iterations=1))
+    assert run_search(b, threshold=3.0) == [[1.0, 9.0], [5.0]]
+
+
+def test_rate_max_must_be_above_rate_hi() -> None:
+    with pytest.raises(ValueError, match="rate_max"):
+        make_spec(rate_max=9.0)
 
 
 def test_goodput_ratio() -> None:
