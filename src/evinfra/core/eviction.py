@@ -23,10 +23,8 @@ class EvictionPolicy(Protocol):
     def remove(self, block_id: int) -> None:
         """Take a block out of the candidates (it was hit or freed outright)."""
 
-    def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int] | None) -> None:
-        """`add` each block in turn (the pool frees a sequence's blocks in one call);
-        `block_hashes` is None when the strategy reads hashes from the pool's content
-        (`bind_blocks`)."""
+    def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> None:
+        """`add` each block in turn (the pool frees a sequence's blocks in one call)."""
 
     def remove_many(self, block_ids: Sequence[int]) -> None:
         """`remove` each block (a cached prefix acquired at once)."""
@@ -49,13 +47,11 @@ class EvictionPolicy(Protocol):
     def bind_index(self, block_of: Callable[[int], int | None]) -> None:
         """The pool tells where each hash is held (for strategies that look hashes up)."""
 
-    def bind_blocks(self, refs: list[int], content: list[int | None] | None = None) -> bool:
-        """The pool lends its per-block reference counts and its per-block content (the
-        hash a block holds), before any block is added. Returns True when the strategy
-        marks its candidates in `refs` itself (negative words, `RunQueue.bind`'s
-        contract) and reads a candidate's hash from `content` when it needs one: the
-        pool then treats a word <= 0 as unused, leaves a candidate's word to the
-        strategy and hands `add_many` no hashes (None)."""
+    def bind_blocks(self, refs: list[int]) -> bool:
+        """The pool lends its per-block reference counts, before any block is added.
+        Returns True when the strategy marks its candidates there itself (negative
+        words, `RunQueue.bind`'s contract): the pool then treats a word <= 0 as
+        unused and leaves a candidate's word to the strategy."""
 
     def __len__(self) -> int: ...
 
@@ -74,7 +70,7 @@ class LRUEviction:
     def remove(self, block_id: int) -> None:
         self._order.remove(block_id)
 
-    def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int] | None) -> None:
+    def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> None:
         self._order.add_many(block_ids, block_hashes)
 
     def remove_many(self, block_ids: Sequence[int]) -> None:
@@ -83,8 +79,8 @@ class LRUEviction:
     def bind_index(self, block_of: Callable[[int], int | None]) -> None:
         """LRU never looks hashes up."""
 
-    def bind_blocks(self, refs: list[int], content: list[int | None] | None = None) -> bool:
-        self._order.bind(refs, content)
+    def bind_blocks(self, refs: list[int]) -> bool:
+        self._order.bind(refs)
         return True
 
     def run_at(self, block_id: int) -> int:
@@ -140,9 +136,8 @@ class ScoredEviction:
         """Where `rescore_hashes` finds the block holding a hash (the pool's index)."""
         self._block_of = block_of
 
-    def bind_blocks(self, refs: list[int], content: list[int | None] | None = None) -> bool:
-        """Candidates are kept in dicts here, with their hashes: the pool's counts stay
-        as they are."""
+    def bind_blocks(self, refs: list[int]) -> bool:
+        """Candidates are kept in dicts here: the pool's counts stay as they are."""
         return False
 
     def run_at(self, block_id: int) -> int:
@@ -156,9 +151,7 @@ class ScoredEviction:
         self._seq += 1
         self._pending[block_id] = (self._seq, block_hash)
 
-    def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int] | None) -> None:
-        if block_hashes is None:
-            raise ValueError("ScoredEviction keeps the hashes it is given: none given")
+    def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> None:
         # one dict update from zips, in C: a freed 100k-token context is 1,600 blocks
         start = self._seq + 1
         self._pending.update(

@@ -53,11 +53,15 @@ class _FreedRun:
     that free made: queued tail first under that mark, none taken since
     (`EvictionPolicy.run_at`)."""
 
-    __slots__ = ("block_ids", "mark", "start")
+    __slots__ = ("block_ids", "hashes", "mark", "start")
 
-    def __init__(self, block_ids: list[int], start: int, mark: int) -> None:
+    def __init__(
+        self, block_ids: list[int], start: int, hashes: tuple[int, ...] | None, mark: int
+    ) -> None:
         self.block_ids = block_ids
         self.start = start
+        self.hashes = hashes
+        """What the blocks from `start` on held when freed (with a mark only)."""
         self.mark = mark
 
 
@@ -110,10 +114,6 @@ class KVPool:
         """Readers of each block when > 0; 0 or (strategies that mark their candidates
         here, `bind_blocks`) a negative mark when no one reads it."""
         self._hash: list[int | None] = []
-        self._filled = bytearray()
-        """1 where `_hash` holds a hash: read where a block's hash itself is not needed,
-        so a pass over a context does not touch each hash object (scattered in memory,
-        each read writes its reference count)."""
         self._index: dict[int, int] = {}
         self._free: list[int] = []
         """Blocks handed out before and returned empty (popped from the end)."""
@@ -134,9 +134,9 @@ class KVPool:
         block's hash (a chained hash names its whole prefix): a session's next call
         acquires that run again, found without an index lookup per block."""
         self.eviction.bind_index(self._index.get)
-        self._marked = self.eviction.bind_blocks(self._ref, self._hash)
-        """The strategy marks its candidates' words itself (a block freed into it needs
-        no 0 written first) and reads their hashes from `_hash` (a free hands it none)."""
+        self._marked = self.eviction.bind_blocks(self._ref)
+        """The strategy marks its candidates' words itself: a block freed into it needs
+        no 0 written first."""
 
     # -- queries ---------------------------------------------------------------------
     @property
@@ -149,7 +149,6 @@ class KVPool:
         if len(self._ref) < self.num_device_blocks:
             self._ref.append(0)
             self._hash.append(None)
-            self._filled.append(0)
             return len(self._ref) - 1
         return None
 
@@ -298,22 +297,22 @@ class KVPool:
                 continue
             ids = run.block_ids
             start = run.start
-            if self._holds(ids, hashes[:end]):
-                if (
-                    run.mark
-                    and self._ref[ids[-1]] == run.mark
-                    and self.eviction.run_at(ids[-1]) == end - start
+            if (
+                run.mark
+                and self._ref[ids[-1]] == run.mark
+                and self.eviction.run_at(ids[-1]) == end - start
+            ):
+                if run.hashes == tuple(hashes[start:end]) and self._holds(
+                    ids[:start], hashes[:start]
                 ):
                     return ids + list(map(index.__getitem__, hashes[end:])), start, end
+            elif self._holds(ids, hashes[:end]):
                 return ids + list(map(index.__getitem__, hashes[end:])), 0, 0
         return list(map(index.__getitem__, hashes)), 0, 0
 
     def _holds(self, block_ids: list[int], hashes: Sequence[int]) -> bool:
         """Whether these blocks hold these hashes, in order."""
-        held = map(self._hash.__getitem__, block_ids)
-        if type(hashes) is tuple:  # a prompt's slice: compared as it is
-            return tuple(held) == hashes
-        return list(held) == _as_list(hashes)
+        return list(map(self._hash.__getitem__, block_ids)) == _as_list(hashes)
 
     def _outside_run(
         self, ids: list[int], start: int, end: int
@@ -324,7 +323,9 @@ class KVPool:
         counts = list(map(self._ref.__getitem__, others))
         return others, counts, end - start + _num_unused(counts)
 
-    def _remember_run(self, block_ids: Sequence[int], cached_ids: list[int]) -> None:
+    def _remember_run(
+        self, block_ids: Sequence[int], cached_ids: list[int], cached_hashes: list[int]
+    ) -> None:
         held = self._hash
         end = len(block_ids)
         while end and held[block_ids[end - 1]] is None:  # a tail still filling
@@ -334,7 +335,7 @@ class KVPool:
         last = held[block_ids[end - 1]] if end else None
         if last is None:
             return
-        start, mark = 0, 0
+        start, mark, hashes = 0, 0, None
         num = len(cached_ids)
         # the blocks up to `end` that went to the strategy (tail first, in one call) are
         # usually its last ones (the first are shared, still read by others)
@@ -345,9 +346,10 @@ class KVPool:
             and cached_ids[::-1] == _as_list(block_ids[end - num : end])
         ):
             start, mark = end - num, min(self._ref[cached_ids[0]], 0)
+            hashes = tuple(reversed(cached_hashes))
         runs = self._freed_runs
         runs.pop(last, None)
-        runs[last] = _FreedRun(_as_list(block_ids[:end]), start, mark)
+        runs[last] = _FreedRun(_as_list(block_ids[:end]), start, hashes, mark)
         if len(runs) > _MAX_FREED_RUNS:
             runs.popitem(last=False)
 
@@ -411,7 +413,6 @@ class KVPool:
             first = len(ref)
             ref.extend([0] * fresh)
             self._hash.extend([None] * fresh)
-            self._filled.extend(bytes(fresh))
             ids.extend(range(first, first + fresh))
         if len(ids) < num_blocks:
             victims = self.eviction.pop_many(num_blocks - len(ids))
@@ -432,7 +433,7 @@ class KVPool:
     def _forget_many(self, block_ids: list[int], offload: bool) -> None:
         """`_forget` each block in turn: the listener and the host tier hear of the lost
         hashes in one call each, in the same order."""
-        held, index, filled = self._hash, self._index, self._filled
+        held, index = self._hash, self._index
         lost: list[int] = []
         for block_id in block_ids:
             h = held[block_id]
@@ -441,7 +442,6 @@ class KVPool:
                     del index[h]
                     lost.append(h)
                 held[block_id] = None
-                filled[block_id] = 0
         if lost:
             self._version += len(lost)
             self._num_removals += len(lost)
@@ -463,7 +463,6 @@ class KVPool:
         if block_hash in self._index:
             return False
         self._hash[block_id] = block_hash
-        self._filled[block_id] = 1
         self._index[block_hash] = block_id
         self._version += 1
         if self.listener is not None:
@@ -474,15 +473,14 @@ class KVPool:
         """`commit` each block with its hash, in order (a sequence's newly computed full
         blocks); the listener hears of the new hashes in one call. Returns how many
         blocks took their hash into the index."""
-        refs, filled, held, index = self._ref, self._filled, self._hash, self._index
+        refs, held, index = self._ref, self._hash, self._index
         added: list[int] = []
         for block_id, block_hash in zip(block_ids, block_hashes, strict=True):
             if refs[block_id] <= 0:
                 raise ValueError(f"commit on block {block_id} which is not in use")
-            if filled[block_id] or block_hash in index:
+            if held[block_id] is not None or block_hash in index:
                 continue
             held[block_id] = block_hash
-            filled[block_id] = 1
             index[block_hash] = block_id
             added.append(block_hash)
         if added:
@@ -498,18 +496,18 @@ class KVPool:
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference on each block. Pass a sequence's blocks in order: they are
         released tail first, so LRU evicts a finished sequence's tail before its prefix."""
-        self._remember_run(block_ids, self._release(block_ids))
+        cached_ids, cached_hashes = self._release(block_ids)
+        self._remember_run(block_ids, cached_ids, cached_hashes)
 
-    def _release(self, block_ids: Sequence[int]) -> list[int]:
+    def _release(self, block_ids: Sequence[int]) -> tuple[list[int], list[int]]:
         """Drop a reference on each block, tail first; returns the blocks that became
-        candidates, in the order given to the strategy."""
-        if self._marked:
-            return self._release_marked(block_ids)
+        candidates, in the order given to the strategy, with their hashes."""
         refs, hashes = self._ref, self._hash
         cached_ids: list[int] = []
         cached_hashes: list[int] = []
         empty = self._free
         num_empty_before = len(empty)
+        marked = self._marked
         for block_id in reversed(block_ids):
             ref = refs[block_id]
             if ref == 1:
@@ -520,7 +518,8 @@ class KVPool:
                     refs[block_id] = 0
                     empty.append(block_id)
                 else:
-                    refs[block_id] = 0
+                    if not marked:
+                        refs[block_id] = 0
                     cached_ids.append(block_id)
                     cached_hashes.append(h)
             elif ref > 1:
@@ -530,33 +529,7 @@ class KVPool:
         if cached_ids:
             self.eviction.add_many(cached_ids, cached_hashes)
         self._num_in_use -= len(cached_ids) + len(empty) - num_empty_before
-        return cached_ids
-
-    def _release_marked(self, block_ids: Sequence[int]) -> list[int]:
-        """`_release` for a strategy that marks its candidates' words and reads their
-        hashes from `_hash` itself: no hash is read here (`_filled` tells content)."""
-        refs, filled = self._ref, self._filled
-        cached_ids: list[int] = []
-        empty = self._free
-        num_empty_before = len(empty)
-        for block_id in reversed(block_ids):
-            ref = refs[block_id]
-            if ref == 1:
-                # content held by a block is always the index's entry for it (commit,
-                # prefetch and import set both; _forget clears both)
-                if filled[block_id]:
-                    cached_ids.append(block_id)
-                else:
-                    refs[block_id] = 0
-                    empty.append(block_id)
-            elif ref > 1:
-                refs[block_id] = ref - 1
-            else:
-                raise ValueError(f"free of block {block_id} with ref count {max(ref, 0)}")
-        if cached_ids:
-            self.eviction.add_many(cached_ids, None)
-        self._num_in_use -= len(cached_ids) + len(empty) - num_empty_before
-        return cached_ids
+        return cached_ids, cached_hashes
 
     def drop(self, hashes: Sequence[int]) -> int:
         """Free dead content at once (compaction, truncation, a finished session): unused
@@ -602,7 +575,6 @@ class KVPool:
             if block_id is None:
                 break
             self._hash[block_id] = h
-            self._filled[block_id] = 1
             index[h] = block_id
             ids.append(block_id)
             brought.append(h)
@@ -625,10 +597,9 @@ class KVPool:
         ids = self.try_allocate(len(missing))
         assert ids is not None
         self._version += 1
-        held, filled = self._hash, self._filled
+        held = self._hash
         for block_id, h in zip(ids, missing, strict=True):
             held[block_id] = h
-            filled[block_id] = 1
         index.update(zip(missing, ids, strict=True))
         if self.listener is not None:
             self.listener.on_device_many(missing, True)
@@ -643,8 +614,7 @@ class KVPool:
             self.eviction.remove(block_id)
             self._forget(block_id, offload=False)
         self._ref.clear()  # the list the strategy was bound to
-        self._hash.clear()  # the list the strategy was bound to
-        self._filled, self._free = bytearray(), []
+        self._hash, self._free = [], []
         self._freed_runs.clear()
         self._version += 1
         self._num_removals += 1
@@ -656,10 +626,8 @@ class KVPool:
         entry points at a live block holding that hash, and ref counts agree."""
         total = self.num_device_blocks
         seen = len(self._ref)
-        if len(self._hash) != seen or len(self._filled) != seen or seen > total:
+        if len(self._hash) != seen or seen > total:
             raise AssertionError(f"block state for {seen} blocks of {total}")
-        if list(self._filled) != [int(h is not None) for h in self._hash]:
-            raise AssertionError("a block's content flag disagrees with its hash")
         free = set(self._free)
         if len(free) != len(self._free) or any(b >= seen for b in free):
             raise AssertionError("a block is on the free list twice or was never handed out")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
-from typing import cast
 
 _MIN_STALE_TO_COMPACT = 65536
 
@@ -27,11 +26,10 @@ _MIN_STALE_TO_COMPACT = 65536
 class _Run:
     __slots__ = ("block_hashes", "block_ids", "key", "num_live", "start")
 
-    def __init__(self, key: int, block_ids: list[int], block_hashes: list[int] | None) -> None:
+    def __init__(self, key: int, block_ids: list[int], block_hashes: list[int]) -> None:
         self.key = key
         self.block_ids = block_ids
         self.block_hashes = block_hashes
-        """None when the owner's content list gives a queued block's hash (`bind`)."""
         self.start = 0
         """Entries before `start` were taken from the front."""
         self.num_live = len(block_ids)
@@ -44,9 +42,6 @@ class RunQueue:
         """Per block id: -key of the run holding its live entry when queued, else >= 0."""
         self._bound = words is not None
         """The words belong to an owner (a KV pool) that keeps the contract of `bind`."""
-        self._content: list[int | None] | None = None
-        """The owner's hash per block id, when it lends one (`bind`): hashes are then read
-        there when asked for, not kept per entry."""
         self._runs: OrderedDict[int, _Run] = OrderedDict()
         """Runs with a queued block, by key, oldest first."""
         self._front: _Run | None = None
@@ -57,21 +52,17 @@ class RunQueue:
         self._num_entries = 0
         """Entries in the runs from their starts on: queued blocks plus stale entries."""
 
-    def bind(self, words: list[int], content: list[int | None] | None = None) -> None:
+    def bind(self, words: list[int]) -> None:
         """Use the owner's per-block words (a pool's reference counts, where a queued
         block's count is 0 or was written 0 before it was added) from now on. The owner
         adds only blocks that are not queued, each once, hands over the lists it adds
         (never changed after), and overwrites the word of
         every block it has `remove_many` take out (with a count or 0) before it asks the
-        queue anything else; `remove` and `pop_front` write 0 themselves. With
-        `content` (the owner's hash per block id), `add_many` needs no hashes: a queued
-        block's hash is read there when asked for, so the owner must not change the
-        content of a block while it is queued."""
+        queue anything else; `remove` and `pop_front` write 0 themselves."""
         if self._num_queued:
             raise ValueError("bind a run queue before anything is queued")
         self._words = words
         self._bound = True
-        self._content = content
 
     def __len__(self) -> int:
         return self._num_queued
@@ -87,27 +78,17 @@ class RunQueue:
     def add(self, block_id: int, block_hash: int) -> None:
         self.add_many([block_id], [block_hash])
 
-    def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int] | None) -> None:
-        """Queue the blocks at the back, in this order, with their hashes (None, or
-        anything, when bound to the owner's content: not read)."""
-        hashes: list[int] | None
-        if self._content is not None:
-            if not block_ids:
-                return
-            ids = block_ids if type(block_ids) is list else list(block_ids)
-            hashes = None  # read from the owner's content when asked for
+    def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> None:
+        """Queue the blocks at the back, in this order, with their hashes."""
+        if len(block_ids) != len(block_hashes):
+            raise ValueError(f"{len(block_ids)} blocks with {len(block_hashes)} hashes")
+        if not block_ids:
+            return
+        if self._bound and type(block_ids) is list and type(block_hashes) is list:
+            ids, hashes = block_ids, block_hashes  # the owner's, handed over: not copied
         else:
-            if block_hashes is None or len(block_ids) != len(block_hashes):
-                n = None if block_hashes is None else len(block_hashes)
-                raise ValueError(f"{len(block_ids)} blocks with {n} hashes")
-            if not block_ids:
-                return
-            if self._bound and type(block_ids) is list and type(block_hashes) is list:
-                ids, hashes = block_ids, block_hashes  # the owner's, handed over: not copied
-            else:
-                ids, hashes = list(block_ids), list(block_hashes)
+            ids, hashes = list(block_ids), list(block_hashes)
         if not self._bound:
-            assert hashes is not None
             ids, hashes = self._make_room(ids, hashes)
         self._num_runs_added += 1
         key = self._num_runs_added
@@ -214,8 +195,10 @@ class RunQueue:
             return [], []
         start = run.start
         if run.num_live == len(run.block_ids) - start:  # no stale entry left: all queued
-            ids = run.block_ids[start : start + max_blocks]
-            return ids, self._hashes(run, ids, start)
+            return (
+                run.block_ids[start : start + max_blocks],
+                run.block_hashes[start : start + max_blocks],
+            )
         # stale entries: drop those ahead of the first queued block (as `pop_front`
         # would), then read the queued blocks that follow it up to the next stale entry
         words, neg, all_ids = self._words, -run.key, run.block_ids
@@ -227,8 +210,7 @@ class RunQueue:
         j, end = i + 1, min(i + max_blocks, len(all_ids))
         while j < end and words[all_ids[j]] == neg:
             j += 1
-        ids = all_ids[i:j]
-        return ids, self._hashes(run, ids, i)
+        return all_ids[i:j], run.block_hashes[i:j]
 
     def take_front(self, num_blocks: int) -> None:
         """Take out the first `num_blocks` blocks `front` returned (nothing changed
@@ -276,7 +258,7 @@ class RunQueue:
                 if not run.num_live:
                     del self._runs[run.key]
                     self._num_entries -= end - i
-                return block_id, self._hash(run, i - 1)
+                return block_id, run.block_hashes[i - 1]
         raise AssertionError(f"run {run.key} counted live blocks it does not hold")
 
     def items(self) -> Iterator[tuple[int, int]]:
@@ -286,40 +268,24 @@ class RunQueue:
             neg = -run.key
             for i in range(run.start, len(run.block_ids)):
                 if words[run.block_ids[i]] == neg:
-                    yield run.block_ids[i], self._hash(run, i)
+                    yield run.block_ids[i], run.block_hashes[i]
 
     def _compact(self) -> None:
         """Keep only live entries. O(entries): run when stale entries outnumber queued
         blocks several times over, so O(1) per removal."""
         kept: OrderedDict[int, _Run] = OrderedDict()
         for key, run in self._runs.items():
-            words, ids_in = self._words, run.block_ids
-            live = [i for i in range(run.start, len(ids_in)) if words[ids_in[i]] == -key]
+            live = [(b, h) for b, h in self._entries(run) if self._words[b] == -key]
             if live:
-                ids = [run.block_ids[i] for i in live]
-                hashes = None if run.block_hashes is None else [run.block_hashes[i] for i in live]
+                ids, hashes = (list(column) for column in zip(*live, strict=True))
                 kept[key] = _Run(key, ids, hashes)
         self._runs = kept
         self._front = None
         self._num_entries = self._num_queued
 
-    def _hash(self, run: _Run, i: int) -> int:
-        """The hash of entry `i` of `run` (a queued block's)."""
-        if run.block_hashes is not None:
-            return run.block_hashes[i]
-        content = self._content
-        assert content is not None
-        h = content[run.block_ids[i]]
-        assert h is not None, f"queued block {run.block_ids[i]} without content"
-        return h
-
-    def _hashes(self, run: _Run, ids: list[int], start: int) -> list[int]:
-        """The hashes of `ids`, entries `start` on of `run` (queued blocks)."""
-        if run.block_hashes is not None:
-            return run.block_hashes[start : start + len(ids)]
-        content = self._content
-        assert content is not None
-        return cast(list[int], list(map(content.__getitem__, ids)))
+    @staticmethod
+    def _entries(run: _Run) -> Iterator[tuple[int, int]]:
+        return zip(run.block_ids[run.start :], run.block_hashes[run.start :], strict=True)
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless every queued block has exactly one live entry, each
@@ -331,7 +297,7 @@ class RunQueue:
         if sum(1 for w in self._words if w < 0) != self._num_queued:
             raise AssertionError("a block is marked queued without a live entry")
         for key, run in self._runs.items():
-            num_live = sum(1 for b in run.block_ids[run.start :] if self._words[b] == -key)
+            num_live = sum(1 for b, _ in self._entries(run) if self._words[b] == -key)
             if num_live != run.num_live or not num_live:
                 raise AssertionError(f"run {key} counts {run.num_live} live of {num_live}")
         entries = sum(len(run.block_ids) - run.start for run in self._runs.values())

@@ -55,10 +55,9 @@ class TieredEviction:
     def bind_index(self, block_of: Callable[[int], int | None]) -> None:
         self._block_of = block_of
 
-    def bind_blocks(self, refs: list[int], content: list[int | None] | None = None) -> bool:
-        """Unscored candidates are marked in the pool's counts and their hashes read from
-        its content when scored (`RunQueue.bind`)."""
-        self._pending.bind(refs, content)
+    def bind_blocks(self, refs: list[int]) -> bool:
+        """Unscored candidates are marked in the pool's counts (`RunQueue.bind`)."""
+        self._pending.bind(refs)
         return True
 
     def run_at(self, block_id: int) -> int:
@@ -78,7 +77,7 @@ class TieredEviction:
     def add(self, block_id: int, block_hash: int) -> None:
         self._pending.add(block_id, block_hash)
 
-    def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int] | None) -> None:
+    def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> None:
         self._pending.add_many(block_ids, block_hashes)
 
     def remove(self, block_id: int) -> None:

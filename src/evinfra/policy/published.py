@@ -17,7 +17,7 @@ Entries for content the node no longer holds are pruned when the map grows (amor
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Protocol, cast, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from evinfra.core.tiered_eviction import TieredEviction
 
@@ -44,7 +44,6 @@ class PublishedTiers(TieredEviction):
         self._known = frozenset(tiers)
         self._prune_at = MIN_PRUNE_ENTRIES
         self.num_published = 0
-        self._content: list[int | None] | None = None
         super().__init__(self.score, tiers)
 
     def score(self, block_hash: int) -> float:
@@ -70,16 +69,9 @@ class PublishedTiers(TieredEviction):
             self._scores.pop(block_hash, None)
         super().add(block_id, block_hash)
 
-    def bind_blocks(self, refs: list[int], content: list[int | None] | None = None) -> bool:
-        self._content = content
-        return super().bind_blocks(refs, content)
-
-    def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int] | None) -> None:
+    def add_many(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> None:
         scores = self._scores
         if scores:
-            if block_hashes is None:  # the pool's content holds them (`bind_blocks`)
-                assert self._content is not None
-                block_hashes = cast(list[int], list(map(self._content.__getitem__, block_ids)))
             for h in block_hashes:
                 scores.pop(h, None)
         super().add_many(block_ids, block_hashes)

@@ -109,39 +109,6 @@ def test_integrity_check_catches_corruption() -> None:
     raise AssertionError("corruption went unnoticed")
 
 
-def test_integrity_check_catches_a_content_flag_out_of_step() -> None:
-    pool = make_pool(4)
-    ids = pool.try_allocate(2)
-    assert ids is not None
-    pool.commit(ids[0], 42)
-    pool.check_integrity()
-    pool._filled[ids[1]] = 1  # corrupt on purpose: content without a hash
-    with pytest.raises(AssertionError, match="content flag"):
-        pool.check_integrity()
-
-
-def test_a_marking_strategy_is_handed_no_hashes_and_scores_the_blocks_content() -> None:
-    """A free hands `TieredEviction` only block ids: the hashes it scores when it evicts
-    are read from the pool, and they are the content each block held when freed."""
-    seen: list[int] = []
-
-    def tier(block_hash: int) -> float:
-        seen.append(block_hash)
-        return 1.0 if block_hash < 20 else 0.0  # keep the first context
-
-    pool = KVPool(6, eviction=TieredEviction(tier, [0.0, 1.0]))
-    first, second = pool.try_allocate(3), pool.try_allocate(3)
-    assert first is not None and second is not None
-    pool.commit_many(first, [10, 11, 12])
-    pool.commit_many(second, [20, 21, 22])
-    pool.free(first)
-    pool.free(second)
-    assert pool.try_allocate(2) == [5, 4]  # the second context's tail, its tier 0
-    assert seen[:3] == [12, 11, 10] and set(seen[3:]) <= {22, 21, 20}
-    assert pool.match_prefix([10, 11, 12]).num_device_blocks == 3
-    pool.check_integrity()
-
-
 ops = st.lists(
     st.one_of(
         st.tuples(st.just("alloc"), st.integers(1, 4), st.integers(0, 30)),

@@ -80,35 +80,18 @@ ops = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(ops, st.sampled_from(["unbound", "bound", "content"]))
-def test_same_order_as_an_ordered_dict(steps: list[tuple[str, object]], mode: str) -> None:
+@given(ops, st.booleans())
+def test_same_order_as_an_ordered_dict(steps: list[tuple[str, object]], bound: bool) -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(run_queue, "_MIN_STALE_TO_COMPACT", 2)  # compact often
-        check_against_ordered_dict(steps, mode)
+        check_against_ordered_dict(steps, bound)
 
 
-def test_bound_to_content_the_queue_reads_hashes_there() -> None:
-    words, content = [0] * 8, [None, 11, 12, 13, None, None, None, None]
-    queue = RunQueue()
-    queue.bind(words, content)  # type: ignore[arg-type]
-    queue.add_many([3, 1, 2], None)
-    content[6] = 66  # a block that is not queued: never read
-    assert queue.front(2) == ([3, 1], [13, 11])
-    assert list(queue.items()) == [(3, 13), (1, 11), (2, 12)]
-    assert queue.pop_front() == (3, 13)
-
-
-def check_against_ordered_dict(steps: list[tuple[str, object]], mode: str) -> None:
+def check_against_ordered_dict(steps: list[tuple[str, object]], bound: bool) -> None:
     """Bound, the test is the owner: it adds only blocks not queued and overwrites the
-    words of blocks it takes out. Bound to content too, it writes a block's hash there
-    before adding it (no hashes given) and clears it when the block leaves the queue, so
-    a hash read for a block no longer queued shows as None."""
-    bound = mode != "unbound"
+    words of blocks it takes out."""
     words = [0] * 31
-    content: list[int | None] = [None] * 31
     queue = RunQueue(words) if bound else RunQueue()
-    if mode == "content":
-        queue.bind(words, content)
     model: OrderedDict[int, int] = OrderedDict()
     runs: list[list[int]] = []  # each add call's blocks, while untouched
     for i, (op, arg) in enumerate(steps):
@@ -120,8 +103,7 @@ def check_against_ordered_dict(steps: list[tuple[str, object]], mode: str) -> No
             for b in arg:  # a queued block added again moves to the back
                 model.pop(b, None)
                 model[b] = 1000 * i + b
-                content[b] = 1000 * i + b
-            queue.add_many(arg, None if mode == "content" else [1000 * i + b for b in arg])
+            queue.add_many(arg, [1000 * i + b for b in arg])
             if arg:
                 runs.append(list(arg))
         elif op == "remove":
@@ -134,7 +116,6 @@ def check_against_ordered_dict(steps: list[tuple[str, object]], mode: str) -> No
             if bound:
                 for b in arg:
                     words[b] = 0
-                    content[b] = None
         elif op == "take":
             assert isinstance(arg, int)
             run = next((r for r in runs if r[0] == arg), None)
@@ -145,7 +126,6 @@ def check_against_ordered_dict(steps: list[tuple[str, object]], mode: str) -> No
                 for b in run:
                     del model[b]
                     words[b] = 0
-                    content[b] = None
         elif op == "front":
             assert isinstance(arg, tuple)
             max_blocks, num_used = arg
@@ -155,7 +135,6 @@ def check_against_ordered_dict(steps: list[tuple[str, object]], mode: str) -> No
             queue.take_front(min(num_used, len(ids)))
             for b in ids[:num_used]:
                 del model[b]
-                content[b] = None
                 runs = [r for r in runs if b not in r]
         else:
             assert isinstance(arg, int)
@@ -164,8 +143,6 @@ def check_against_ordered_dict(steps: list[tuple[str, object]], mode: str) -> No
                 if expected is not None:
                     runs = [r for r in runs if expected[0] not in r]
                 assert queue.pop_front() == expected
-                if expected is not None:
-                    content[expected[0]] = None
         queue.check_integrity()
         assert list(queue.items()) == list(model.items())
         assert len(queue) == len(model)
