@@ -42,10 +42,8 @@ _EMPTY = _ChainState((), ROOT_HASH, (), 0, 0)
 
 def _extend(state: _ChainState, segments: Sequence[Segment], block_size: int) -> _ChainState:
     """The state after hashing `segments` on top of `state` (as hash_segment_blocks does:
-    a block's content is the flat tuple of its (content_id, start, end) runs). The new
-    hashes are joined to the old tuple once: copying it to a list and back touched every
-    hash object of the context twice more per call."""
-    hashes: list[int] = []
+    a block's content is the flat tuple of its (content_id, start, end) runs)."""
+    hashes = list(state.hashes)
     append = hashes.append
     h = state.last_hash
     runs = list(state.runs)
@@ -77,7 +75,7 @@ def _extend(state: _ChainState, segments: Sequence[Segment], block_size: int) ->
         if offset < n:
             runs = [cid, offset, n]
             fill = n - offset
-    return _ChainState(state.hashes + tuple(hashes), h, tuple(runs), fill, total)
+    return _ChainState(tuple(hashes), h, tuple(runs), fill, total)
 
 
 @dataclass(frozen=True, slots=True)
