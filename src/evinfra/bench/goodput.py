@@ -14,6 +14,9 @@ from typing import Any
 
 from evinfra.bench.scenario import GoodputSpec
 
+STEP_UP_FACTOR = 1.5
+"""Past rate_hi, with rate_max set, each load tried is this times the highest pass."""
+
 
 class Bound(Enum):
     EXACT = "exact"
@@ -102,14 +105,14 @@ class Bisection:
 
     def next_values(self) -> list[float]:
         """Loads to evaluate next (empty: done). First the range's ends; while every load
-        passes, x1.5 the highest pass up to rate_max; then midpoints."""
+        passes, STEP_UP_FACTOR x the highest pass up to rate_max; then midpoints."""
         ends = [v for v in (self.spec.rate_lo, self.spec.rate_hi) if v not in self.verdicts]
         if ends:
             return ends
         lo, hi = self._bracket()
         cap = self.spec.rate_max
         if hi is None and lo is not None and cap is not None and lo < cap:
-            return [min(cap, _round_rate(lo * 1.5))]
+            return [min(cap, _round_rate(lo * STEP_UP_FACTOR))]
         if lo is None or hi is None or self.num_bisections >= self._max_bisections:
             return []
         mid = _round_rate((lo + hi) / 2)

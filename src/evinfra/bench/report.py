@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from evinfra.bench.goodput import STEP_UP_FACTOR
 from evinfra.workloads.factory import DEFAULT_SESSION_RATE_PER_S
 
 UNFINISHED_WARN_FRAC = 0.01
@@ -213,7 +214,8 @@ def goodput_table(results: dict[str, Any]) -> list[str]:
         f" at most {t['max_unfinished_frac']:.0%} unfinished; searched {t['field']} in"
         f" [{t['rate_lo']:g}, {t['rate_hi']:g}]"
         + (
-            f", stepping up x1.5 to at most {t['rate_max']:g} while every load passed,"
+            f", stepping up x{STEP_UP_FACTOR:g} to at most {t['rate_max']:g}"
+            " while every load passed,"
             if t.get("rate_max") is not None
             else ""
         )

@@ -12,7 +12,13 @@ from typing import Any
 
 from evinfra.bench.aggregate import point_blocks, runs_table, sanitize
 from evinfra.bench.execute import BenchExecutor, RunOutcome
-from evinfra.bench.goodput import Bisection, goodput_ratio, judge, result_to_json
+from evinfra.bench.goodput import (
+    STEP_UP_FACTOR,
+    Bisection,
+    goodput_ratio,
+    judge,
+    result_to_json,
+)
 from evinfra.bench.scenario import (
     QUICK_MAX_BISECTIONS,
     RunSpec,
@@ -92,8 +98,8 @@ def _estimate_goodput_work(scenario: Scenario, quick: bool) -> list[RunSpec]:
         return []
     steps = 2 + (min(spec.iterations, QUICK_MAX_BISECTIONS) if quick else spec.iterations)
     if spec.rate_max is not None:
-        # at most this many x1.5 steps above rate_hi (an estimate for progress, not a limit)
-        steps += math.ceil(math.log(spec.rate_max / spec.rate_hi) / math.log(1.5))
+        # at most this many steps above rate_hi (an estimate for progress, not a limit)
+        steps += math.ceil(math.log(spec.rate_max / spec.rate_hi) / math.log(STEP_UP_FACTOR))
     per = [
         make_run(scenario, e, s, None, quick=quick)
         for e in scenario.entries
