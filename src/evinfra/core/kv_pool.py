@@ -201,14 +201,14 @@ class KVPool:
         host = self.host
         memo = self._memos.get(id(hashes))
         if memo is None or memo[0] is not hashes:
-            match = self._match(hashes, None)
+            match = self._match(hashes, None, self._proven(hashes))
         elif memo[1] == self._version and memo[3] == host.num_offloaded and memo[4] == len(host):
             match = memo[5]  # still current: remembering it again would change nothing
             return match if limit is None else match.truncated(limit)
         elif memo[2] == self._num_removals and host.num_offloaded - memo[3] == len(host) - memo[4]:
             match = self._match(hashes, None, memo[5].num_device_blocks)
         else:
-            match = self._match(hashes, None)
+            match = self._match(hashes, None, self._proven(hashes))
         self._remember(hashes, match)
         return match if limit is None else match.truncated(limit)
 
@@ -231,6 +231,30 @@ class KVPool:
             len(host),
             match,
         )
+
+    def _proven(self, hashes: tuple[int, ...]) -> int:
+        """How many leading `hashes` are indexed, known without a lookup for each: those
+        of a freed run ending at one of the last hashes that is still untouched (its
+        blocks hold what they held when freed, compared as one tuple) and the head before
+        it, looked up; 0 when no such run is known. Lost content (eviction under
+        pressure) makes a remembered match stale, and a walk of the whole prompt in a
+        dict of the pool's every hash costs a cache miss or two per hash."""
+        if not self._marked:
+            return 0
+        runs = self._freed_runs
+        for end in range(len(hashes), max(0, len(hashes) - _MAX_RUN_LOOKBACK), -1):
+            run = runs.get(hashes[end - 1])
+            if run is None or not run.mark or len(run.block_ids) != end:
+                continue
+            ids, start = run.block_ids, run.start
+            if (
+                self._ref[ids[-1]] == run.mark
+                and self.eviction.run_at(ids[-1]) == end - start
+                and run.hashes == hashes[start:end]
+            ):
+                head = len(list(takewhile(self._index.__contains__, hashes[:start])))
+                return end if head == start else head
+        return 0
 
     def _match(self, hashes: Sequence[int], limit: int | None, start: int = 0) -> PrefixMatch:
         # the leading run of indexed hashes, counted in C (prompts run to 1,000s of blocks);

@@ -101,6 +101,52 @@ def test_a_pool_that_only_gained_content_walks_only_past_the_old_match() -> None
     assert starts == [2, 0]
 
 
+def test_after_a_loss_an_untouched_freed_run_is_not_walked_again() -> None:
+    # chained hashes of a session's context: its freed run proves its blocks still held
+    pool = KVPool(12, 0)
+    other = pool.try_allocate(6)
+    assert other is not None
+    pool.commit_many(other, (50, 51, 52, 53, 54, 55))
+    pool.free(other)  # the oldest candidates
+    context = PROMPT[:6]
+    ids = pool.try_acquire_and_allocate((), 6)
+    assert ids is not None
+    pool.commit_many(ids, context)
+    pool.free(ids)
+    prompt = PROMPT[:8]  # the next call: the context and two new blocks
+    assert pool.match_prefix(prompt) == PrefixMatch(6, 0)
+    pool.try_allocate(1)  # evicts 55 (LRU: the other run's tail): the match is stale
+    starts: list[int] = []
+    walk = pool._match
+
+    def spy(hashes: tuple[int, ...], limit: int | None, start: int = 0) -> PrefixMatch:
+        starts.append(start)
+        return walk(hashes, limit, start)
+
+    pool._match = spy  # type: ignore[method-assign]
+    assert pool.match_prefix(prompt) == PrefixMatch(6, 0) == walk(list(prompt), None)
+    assert starts == [6]  # walked only past the run
+    pool.drop(context[4:5])  # a block of the run lost: the run is touched, walked again
+    assert pool.match_prefix(prompt) == PrefixMatch(4, 0) == walk(list(prompt), None)
+    assert starts == [6, 0]
+
+
+def test_a_freed_run_proves_nothing_past_a_lost_head() -> None:
+    pool = KVPool(12, 0)
+    head = pool.try_acquire_and_allocate((), 2)  # still read by another sequence
+    assert head is not None
+    pool.commit_many(head, PROMPT[:2])
+    ids = pool.try_acquire_and_allocate(PROMPT[:2], 4)
+    assert ids is not None
+    pool.commit_many(ids[2:], PROMPT[2:6])
+    pool.free(ids)  # a freed run of blocks 2-5 after a head in use
+    pool.free(head)
+    prompt = PROMPT[:8]
+    assert pool.match_prefix(prompt) == PrefixMatch(6, 0)
+    pool.drop(PROMPT[:1])  # the head's first block: the run is untouched, the head is not
+    assert pool.match_prefix(prompt) == PrefixMatch(0, 0)
+
+
 def test_truncated_match_is_the_match_of_the_prefix() -> None:
     m = PrefixMatch(3, 2)
     assert [m.truncated(k) for k in range(7)] == [
