@@ -13,6 +13,19 @@ PROMPT = tuple(range(0, 14))
 OTHER = tuple(range(4, 18))
 
 
+def spy_walk_starts(pool: KVPool) -> list[int]:
+    """Where each of `pool`'s prefix walks from now on starts (0: the prompt's first hash)."""
+    starts: list[int] = []
+    walk = pool._match
+
+    def spy(hashes: tuple[int, ...], limit: int | None, start: int = 0) -> PrefixMatch:
+        starts.append(start)
+        return walk(hashes, limit, start)
+
+    pool._match = spy  # type: ignore[method-assign]
+    return starts
+
+
 def make_pools(num_nodes: int = 2) -> tuple[list[KVPool], GlobalBlockIndex]:
     pools = [KVPool(8, 4) for _ in range(num_nodes)]
     index = GlobalBlockIndex(num_nodes)
@@ -84,14 +97,7 @@ def test_a_pool_that_only_gained_content_walks_only_past_the_old_match() -> None
     for block_id, h in zip(ids[:2], PROMPT[:2], strict=True):
         pool.commit(block_id, h)
     assert pool.match_prefix(PROMPT) == PrefixMatch(2, 0)
-    starts: list[int] = []
-    walk = pool._match
-
-    def spy(hashes: tuple[int, ...], limit: int | None, start: int = 0) -> PrefixMatch:
-        starts.append(start)
-        return walk(hashes, limit, start)
-
-    pool._match = spy  # type: ignore[method-assign]
+    starts = spy_walk_starts(pool)
     pool.commit(ids[2], PROMPT[2])
     pool.commit(ids[3], 99)
     assert pool.match_prefix(PROMPT) == PrefixMatch(3, 0)
@@ -116,14 +122,8 @@ def test_after_a_loss_an_untouched_freed_run_is_not_walked_again() -> None:
     prompt = PROMPT[:8]  # the next call: the context and two new blocks
     assert pool.match_prefix(prompt) == PrefixMatch(6, 0)
     pool.try_allocate(1)  # evicts 55 (LRU: the other run's tail): the match is stale
-    starts: list[int] = []
     walk = pool._match
-
-    def spy(hashes: tuple[int, ...], limit: int | None, start: int = 0) -> PrefixMatch:
-        starts.append(start)
-        return walk(hashes, limit, start)
-
-    pool._match = spy  # type: ignore[method-assign]
+    starts = spy_walk_starts(pool)
     assert pool.match_prefix(prompt) == PrefixMatch(6, 0) == walk(list(prompt), None)
     assert starts == [6]  # walked only past the run
     pool.drop(context[4:5])  # a block of the run lost: the run is touched, walked again
