@@ -244,14 +244,10 @@ class KVPool:
         runs = self._freed_runs
         for end in range(len(hashes), max(0, len(hashes) - _MAX_RUN_LOOKBACK), -1):
             run = runs.get(hashes[end - 1])
-            if run is None or not run.mark or len(run.block_ids) != end:
+            if run is None or len(run.block_ids) != end:
                 continue
-            ids, start = run.block_ids, run.start
-            if (
-                self._ref[ids[-1]] == run.mark
-                and self.eviction.run_at(ids[-1]) == end - start
-                and run.hashes == hashes[start:end]
-            ):
+            start = run.start
+            if self._untouched(run) and run.hashes == hashes[start:end]:
                 head = len(list(takewhile(self._index.__contains__, hashes[:start])))
                 return end if head == start else head
         return 0
@@ -321,11 +317,7 @@ class KVPool:
                 continue
             ids = run.block_ids
             start = run.start
-            if (
-                run.mark
-                and self._ref[ids[-1]] == run.mark
-                and self.eviction.run_at(ids[-1]) == end - start
-            ):
+            if self._untouched(run):
                 if run.hashes == tuple(hashes[start:end]) and self._holds(
                     ids[:start], hashes[:start]
                 ):
@@ -333,6 +325,17 @@ class KVPool:
             elif self._holds(ids, hashes[:end]):
                 return ids + list(map(index.__getitem__, hashes[end:])), 0, 0
         return list(map(index.__getitem__, hashes)), 0, 0
+
+    def _untouched(self, run: _FreedRun) -> bool:
+        """Whether the strategy still holds `run`'s candidate part as its free queued it,
+        none taken since: each of those blocks then holds what it held when freed
+        (`run.hashes`)."""
+        ids = run.block_ids
+        return (
+            bool(run.mark)
+            and self._ref[ids[-1]] == run.mark
+            and self.eviction.run_at(ids[-1]) == len(ids) - run.start
+        )
 
     def _holds(self, block_ids: list[int], hashes: Sequence[int]) -> bool:
         """Whether these blocks hold these hashes, in order."""
