@@ -520,22 +520,32 @@ class KVPool:
         """Write-through offload: copy a block's content to the host tier now."""
         self.host.store(block_hash)
 
-    def free(self, block_ids: Sequence[int]) -> None:
+    def free(self, block_ids: Sequence[int], held_hashes: Sequence[int] = ()) -> None:
         """Drop one reference on each block. Pass a sequence's blocks in order: they are
-        released tail first, so LRU evicts a finished sequence's tail before its prefix."""
-        cached_ids, cached_hashes = self._release(block_ids)
+        released tail first, so LRU evicts a finished sequence's tail before its prefix.
+        `held_hashes`, when given, are what the leading blocks are known to hold (a
+        sequence's cached and committed prefix): those blocks' content is not read."""
+        cached_ids, cached_hashes = self._release(block_ids, held_hashes)
         self._remember_run(block_ids, cached_ids, cached_hashes)
 
-    def _release(self, block_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+    def _release(
+        self, block_ids: Sequence[int], held_hashes: Sequence[int] = ()
+    ) -> tuple[list[int], list[int]]:
         """Drop a reference on each block, tail first; returns the blocks that became
-        candidates, in the order given to the strategy, with their hashes."""
+        candidates, in the order given to the strategy, with their hashes. The first
+        `len(held_hashes)` blocks hold those hashes (the caller knows): in a pool far
+        larger than the cache, reading each block's slot of `_hash` is a cache miss."""
         refs, hashes = self._ref, self._hash
         cached_ids: list[int] = []
         cached_hashes: list[int] = []
         empty = self._free
         num_empty_before = len(empty)
         marked = self._marked
-        for block_id in reversed(block_ids):
+        num_held = len(held_hashes)
+        if num_held > len(block_ids):
+            raise ValueError(f"{num_held} held hashes for {len(block_ids)} blocks")
+        tail_first = reversed(block_ids)
+        for block_id in islice(tail_first, len(block_ids) - num_held):
             ref = refs[block_id]
             if ref == 1:
                 # content held by a block is always the index's entry for it (commit,
@@ -549,6 +559,18 @@ class KVPool:
                         refs[block_id] = 0
                     cached_ids.append(block_id)
                     cached_hashes.append(h)
+            elif ref > 1:
+                refs[block_id] = ref - 1
+            else:
+                raise ValueError(f"free of block {block_id} with ref count {max(ref, 0)}")
+        # the rest of the same pass: the held blocks, each with its known hash
+        for block_id, h in zip(tail_first, reversed(held_hashes), strict=True):
+            ref = refs[block_id]
+            if ref == 1:
+                if not marked:
+                    refs[block_id] = 0
+                cached_ids.append(block_id)
+                cached_hashes.append(h)
             elif ref > 1:
                 refs[block_id] = ref - 1
             else:

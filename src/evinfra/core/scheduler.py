@@ -185,9 +185,10 @@ class NodeScheduler:
         if ids is None:
             return None
         start, end = match.num_device_blocks, num_hit
-        self.pool.commit_many(ids[start:end], hashes[start:end])
+        num_added = self.pool.commit_many(ids[start:end], hashes[start:end])
         seq.block_ids = ids
         seq.num_committed_blocks = num_hit  # cached and onboarded blocks are indexed
+        seq.num_held_blocks = end if num_added == end - start else start
         seq.num_computed_tokens = num_hit * bs
         seq.num_prefill_target = target
         if seq.num_generated == 0 and seq.num_preemptions == 0:  # its first admission
@@ -366,14 +367,17 @@ class NodeScheduler:
         if end > start:
             hashes = seq.known_hashes_between(start, end)  # up to the first unknown
             end = start + len(hashes)
-            self.pool.commit_many(seq.block_ids[start:end], hashes)
+            num_added = self.pool.commit_many(seq.block_ids[start:end], hashes)
             seq.num_committed_blocks = end
+            if num_added == end - start and seq.num_held_blocks == start:
+                seq.num_held_blocks = end
 
     def _release(self, seq: Sequence) -> None:
         self._commit_computed(seq)
-        self.pool.free(seq.block_ids)
+        self.pool.free(seq.block_ids, seq.known_hashes_between(0, seq.num_held_blocks))
         seq.block_ids = []
         seq.num_committed_blocks = 0
+        seq.num_held_blocks = 0
 
     # -- completion ----------------------------------------------------------------------
     def complete_step(self, plan: StepPlan, stopped: frozenset[int] = frozenset()) -> StepOutcome:
@@ -511,6 +515,7 @@ class NodeScheduler:
             return None
         seq.block_ids = ids
         seq.num_committed_blocks = match.num_device_blocks
+        seq.num_held_blocks = match.num_device_blocks
         seq.num_computed_tokens = computed
         seq.phase = SeqPhase.INCOMING
         self._admit_counter += 1
@@ -574,6 +579,11 @@ class NodeScheduler:
         for seq in live:
             for b in seq.block_ids:
                 refs[b] = refs.get(b, 0) + 1
+            held = seq.known_hashes_between(0, seq.num_held_blocks)
+            if len(held) != seq.num_held_blocks or any(
+                self.pool.hash_of(b) != h for b, h in zip(seq.block_ids, held, strict=False)
+            ):
+                raise AssertionError(f"sequence {seq.seq_id}: a held block lacks its hash")
         for b, n in refs.items():
             if self.pool.ref_count(b) != n:
                 raise AssertionError(f"block {b}: ref {self.pool.ref_count(b)} != holders {n}")

@@ -50,6 +50,7 @@ class Sequence:
         "decode_here",
         "num_cached_tokens",
         "num_committed_blocks",
+        "num_held_blocks",
         "num_host_cached_tokens",
         "num_preemptions",
         "num_prefill_target",
@@ -74,6 +75,10 @@ class Sequence:
         """Order of joining the node's running list (the decode order)."""
         self.num_committed_blocks = 0
         """Leading blocks of `block_ids` already recorded in the pool's prefix index."""
+        self.num_held_blocks = 0
+        """Leading blocks of `block_ids` known to hold their hashes (cached, onboarded or
+        committed with no other block holding the content): the pool's free reads them
+        from here instead of from each block."""
         self.num_cached_tokens = 0
         self.num_host_cached_tokens = 0
         self.num_prefill_target = request.num_prompt_tokens

@@ -2,6 +2,7 @@
 the freed run (checked block by block) and must give exactly the index's blocks, also
 after evictions reuse them, and never look at blocks a clear() forgot."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -102,3 +103,34 @@ def test_acquired_blocks_are_always_the_index_blocks(
         pool.free(ids)
         contexts[session] = context if keep else ()
         pool.check_integrity()
+
+
+@given(kind=st.sampled_from(["lru", "tiered", "scored"]), num_known=st.integers(0, 5))
+@settings(max_examples=30, deadline=None)
+def test_free_told_the_held_hashes_does_what_a_plain_free_does(kind: str, num_known: int) -> None:
+    """`free(ids, held_hashes)` only spares reading what the caller knows: the same
+    candidates in the same order, the same freed run, the same counts (a shared head
+    still read by another holder, a tail not committed)."""
+    pools = [KVPool(16, eviction=make_eviction(kind)) for _ in range(2)]
+    for told, pool in enumerate(pools):
+        head = run_of(pool, (1, 2), num_tail=0)  # another holder keeps reading these
+        ids = pool.try_acquire_and_allocate((1, 2), 4)
+        assert ids is not None and ids[:2] == head
+        pool.commit_many(ids[2:5], (3, 4, 5))  # the last block is still filling
+        known = (1, 2, 3, 4, 5)[:num_known] if told else ()
+        pool.free(ids, known)
+        pool.check_integrity()
+    plain, told_pool = pools
+    assert [plain.ref_count(b) for b in range(6)] == [told_pool.ref_count(b) for b in range(6)]
+    assert list(plain._freed_runs) == list(told_pool._freed_runs)
+    for a, b in zip(plain._freed_runs.values(), told_pool._freed_runs.values(), strict=True):
+        assert (a.block_ids, a.start, a.hashes, a.mark) == (b.block_ids, b.start, b.hashes, b.mark)
+    order = [p.try_allocate(p.num_free_blocks) for p in pools]
+    assert order[0] == order[1]
+
+
+def test_free_told_more_held_hashes_than_blocks_refuses() -> None:
+    pool = KVPool(8)
+    ids = run_of(pool, (1, 2), num_tail=0)
+    with pytest.raises(ValueError, match="held hashes"):
+        pool.free(ids, (1, 2, 3))

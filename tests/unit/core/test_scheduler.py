@@ -180,3 +180,20 @@ def test_a_burst_sharing_a_prefix_computes_it_once() -> None:
     # the first computes the 32 shared tokens; the others are admitted only once it has
     # (the step budget is spent) and find them cached, block by block as committed
     assert [s.num_cached_tokens for s in seqs] == [0, 32, 32]
+
+
+def test_a_block_whose_content_another_block_holds_is_not_held() -> None:
+    """Two sequences compute the same prompt in one step: the second one's commit finds
+    each hash indexed already, so its blocks stay empty and its free reads them (the
+    integrity check compares every held block's content with the sequence's hashes)."""
+    sched = make_sched(budget=64, max_seqs=4)
+    prompt = list(range(16))
+    seqs = [sched.enqueue_prefill(make_request(rid, prompt, 3), True) for rid in range(2)]
+    plan = sched.schedule()
+    assert plan is not None and len(plan.chunks) == 2
+    sched.complete_step(plan)
+    sched.check_integrity()
+    assert [s.num_committed_blocks for s in seqs] == [4, 4]
+    assert [s.num_held_blocks for s in seqs] == [4, 0]
+    run_to_idle(sched)
+    assert sched.is_idle and sched.pool.num_used_blocks == 0
