@@ -249,7 +249,7 @@ def plot_goodput(results: dict[str, Any], out: Path) -> Path | None:
     for bar, label in zip(bars, labels, strict=True):
         s = g["systems"][label]
         ratio = s.get("ratio_vs_dynamo")
-        text = f"{s['rate']:.3g}"
+        text = f"{s['rate']:g}"
         if s["bound"] == "at_least":
             text = ">=" + text
         if ratio is not None:

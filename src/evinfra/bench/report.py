@@ -109,7 +109,7 @@ def _goodput_cell(g: dict[str, Any]) -> str:
     if bound == "below":
         return f"< {g['points'][0]['value']:g}" if g.get("points") else "0"
     prefix = ">= " if bound == "at_least" else ""
-    return f"{prefix}{g['rate']:.3g}"
+    return f"{prefix}{g['rate']:g}"
 
 
 def findings(results: dict[str, Any]) -> list[str]:
