@@ -184,11 +184,10 @@ class NodeScheduler:
         ids = self.pool.try_acquire_and_allocate(hit_hashes, need - match.num_device_blocks)
         if ids is None:
             return None
-        start, end = match.num_device_blocks, num_hit
-        num_added = self.pool.commit_many(ids[start:end], hashes[start:end])
         seq.block_ids = ids
-        seq.num_committed_blocks = num_hit  # cached and onboarded blocks are indexed
-        seq.num_held_blocks = end if num_added == end - start else start
+        seq.num_held_blocks = match.num_device_blocks
+        # cached and onboarded blocks are indexed
+        self._commit(seq, match.num_device_blocks, hashes[match.num_device_blocks : num_hit])
         seq.num_computed_tokens = num_hit * bs
         seq.num_prefill_target = target
         if seq.num_generated == 0 and seq.num_preemptions == 0:  # its first admission
@@ -365,12 +364,18 @@ class NodeScheduler:
         start = seq.num_committed_blocks
         end = min(len(seq.block_ids), seq.num_computed_tokens // self.block_size)
         if end > start:
-            hashes = seq.known_hashes_between(start, end)  # up to the first unknown
-            end = start + len(hashes)
-            num_added = self.pool.commit_many(seq.block_ids[start:end], hashes)
-            seq.num_committed_blocks = end
-            if num_added == end - start and seq.num_held_blocks == start:
-                seq.num_held_blocks = end
+            # the hashes known, up to the first unknown
+            self._commit(seq, start, seq.known_hashes_between(start, end))
+
+    def _commit(self, seq: Sequence, start: int, hashes: Seq[int]) -> None:
+        """Index `seq`'s blocks from `start` under `hashes`. The held prefix grows over them
+        only when it reaches `start` and every block took its content (none was found
+        already in another block, which leaves this one empty)."""
+        end = start + len(hashes)
+        num_added = self.pool.commit_many(seq.block_ids[start:end], hashes)
+        seq.num_committed_blocks = end
+        if num_added == len(hashes) and seq.num_held_blocks == start:
+            seq.num_held_blocks = end
 
     def _release(self, seq: Sequence) -> None:
         self._commit_computed(seq)
