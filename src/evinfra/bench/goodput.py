@@ -141,6 +141,19 @@ def goodput_ratio(system: GoodputResult, baseline: GoodputResult) -> float | Non
     return system.rate / baseline.rate
 
 
+def goodput_label(result: dict[str, Any]) -> str:
+    """A system's goodput as written in report.md and on goodput.png, from its
+    `result_to_json` form: the load tried (`:g`), ">= x" when the search stopped at
+    rate_max still passing, "< x" when it failed at its lowest load x."""
+    if not result:
+        return "n/a"
+    bound = result.get("bound")
+    if bound == Bound.BELOW.value:
+        return f"< {result['points'][0]['value']:g}" if result.get("points") else "0"
+    prefix = ">= " if bound == Bound.AT_LEAST.value else ""
+    return f"{prefix}{result['rate']:g}"
+
+
 def result_to_json(result: GoodputResult) -> dict[str, Any]:
     return {
         "rate": result.rate,

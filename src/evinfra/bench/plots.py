@@ -15,6 +15,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from evinfra.bench.goodput import goodput_label
 from evinfra.bench.store import load_latencies, load_timeseries
 
 ROLE_COLORS = {
@@ -237,6 +238,13 @@ def plot_latency_vs_load(results: dict[str, Any], out: Path) -> Path | None:
     return _save(fig, out / "latency_vs_load.png")
 
 
+def goodput_bar_text(result: dict[str, Any]) -> str:
+    """A goodput bar's label: the report's cell, then the ratio against the baseline."""
+    ratio = result.get("ratio_vs_dynamo")
+    text = goodput_label(result)
+    return text if ratio is None else f"{text}\n{ratio:.2f}x"
+
+
 def plot_goodput(results: dict[str, Any], out: Path) -> Path | None:
     g = results.get("goodput")
     if not g:
@@ -247,15 +255,8 @@ def plot_goodput(results: dict[str, Any], out: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(labels) + 2), 3.8))
     bars = ax.bar(labels, rates, color=[colors.get(x, "#777777") for x in labels])
     for bar, label in zip(bars, labels, strict=True):
-        s = g["systems"][label]
-        ratio = s.get("ratio_vs_dynamo")
-        text = f"{s['rate']:g}"
-        if s["bound"] == "at_least":
-            text = ">=" + text
-        if ratio is not None:
-            text += f"\n{ratio:.2f}x"
         ax.annotate(
-            text,
+            goodput_bar_text(g["systems"][label]),
             (bar.get_x() + bar.get_width() / 2, bar.get_height()),
             ha="center",
             va="bottom",

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from evinfra.bench.goodput import STEP_UP_FACTOR
+from evinfra.bench.goodput import STEP_UP_FACTOR, goodput_label
 from evinfra.workloads.factory import DEFAULT_SESSION_RATE_PER_S
 
 UNFINISHED_WARN_FRAC = 0.01
@@ -90,7 +90,7 @@ def main_table(results: dict[str, Any]) -> list[str]:
         )
         if gp:
             g = gp.get(label, {})
-            row += f" {_goodput_cell(g)} | {_ratio(g.get('ratio_vs_dynamo'))} |"
+            row += f" {goodput_label(g)} | {_ratio(g.get('ratio_vs_dynamo'))} |"
         lines.append(row)
     lines.append("")
     lines.append(
@@ -100,16 +100,6 @@ def main_table(results: dict[str, Any]) -> list[str]:
         " (1 is the limit)."
     )
     return lines
-
-
-def _goodput_cell(g: dict[str, Any]) -> str:
-    if not g:
-        return "n/a"
-    bound = g.get("bound")
-    if bound == "below":
-        return f"< {g['points'][0]['value']:g}" if g.get("points") else "0"
-    prefix = ">= " if bound == "at_least" else ""
-    return f"{prefix}{g['rate']:g}"
 
 
 def findings(results: dict[str, Any]) -> list[str]:
@@ -229,7 +219,7 @@ def goodput_table(results: dict[str, Any]) -> list[str]:
         first = f"{fail['value']:g}" if fail else "none"
         why = fail["reason"] if fail else "passed every load tried"
         lines.append(
-            f"| {label} | {_goodput_cell(s)} | {_ratio(s.get('ratio_vs_dynamo'))}"
+            f"| {label} | {goodput_label(s)} | {_ratio(s.get('ratio_vs_dynamo'))}"
             f" | {first} | {why} |"
         )
     return lines

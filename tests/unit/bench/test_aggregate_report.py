@@ -177,3 +177,21 @@ def test_main_table_gives_a_goodput_as_the_load_tried() -> None:
     }
     row = next(x for x in main_table(res) if x.startswith("| evolving"))
     assert row.endswith(" 12.75 | 2.55x |")
+
+
+def test_goodput_bar_is_labelled_as_the_report_cell() -> None:
+    """goodput.png writes each bar as report.md's goodput cell, for every bound: a search
+    that failed at its lowest load is "< 4" on both, not a bar labelled 0."""
+    from evinfra.bench.goodput import goodput_label
+    from evinfra.bench.plots import goodput_bar_text
+
+    below = {"rate": 0.0, "bound": "below", "points": [{"value": 4.0, "passed": False}]}
+    cases = [
+        ({"rate": 12.75, "bound": "exact", "ratio_vs_dynamo": 2.55}, "12.75\n2.55x"),
+        ({"rate": 18.0, "bound": "at_least", "ratio_vs_dynamo": 3.6}, ">= 18\n3.60x"),
+        ({**below, "ratio_vs_dynamo": 0.0}, "< 4\n0.00x"),
+        (below, "< 4"),
+    ]
+    for result, text in cases:
+        assert goodput_bar_text(result) == text
+        assert goodput_bar_text(result).splitlines()[0] == goodput_label(result)
