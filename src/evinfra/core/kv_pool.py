@@ -11,7 +11,7 @@ executor's KV tensor, so the servers use this same pool.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import compress, filterfalse, islice, takewhile
 from typing import Protocol
@@ -351,8 +351,15 @@ class KVPool:
         return others, counts, end - start + _num_unused(counts)
 
     def _remember_run(
-        self, block_ids: Sequence[int], cached_ids: list[int], cached_hashes: list[int]
+        self,
+        block_ids: Sequence[int],
+        cached_ids: list[int],
+        cached_hashes: list[int],
+        held_run: Sequence[int] | None = None,
     ) -> None:
+        """Remember `block_ids` as a freed run (`_FreedRun`). `cached_ids` went to the
+        strategy with `cached_hashes` in one call; `held_run`, when given, says they are
+        the held prefix's last blocks (tail first) and holds their hashes in order."""
         held = self._hash
         end = len(block_ids)
         while end and held[block_ids[end - 1]] is None:  # a tail still filling
@@ -366,14 +373,13 @@ class KVPool:
         num = len(cached_ids)
         # the blocks up to `end` that went to the strategy (tail first, in one call) are
         # usually its last ones (the first are shared, still read by others)
-        if (
-            self._marked
-            and 0 < num <= end
-            and cached_ids[0] == block_ids[end - 1]
-            and cached_ids[::-1] == _as_list(block_ids[end - num : end])
-        ):
-            start, mark = end - num, min(self._ref[cached_ids[0]], 0)
-            hashes = tuple(reversed(cached_hashes))
+        if self._marked and num and cached_ids[0] == block_ids[end - 1]:
+            if held_run is not None:  # they end the held prefix, so are its last ones
+                start, mark = end - num, min(self._ref[cached_ids[0]], 0)
+                hashes = held_run if type(held_run) is tuple else tuple(held_run)
+            elif num <= end and cached_ids[::-1] == _as_list(block_ids[end - num : end]):
+                start, mark = end - num, min(self._ref[cached_ids[0]], 0)
+                hashes = tuple(reversed(cached_hashes))
         runs = self._freed_runs
         runs.pop(last, None)
         runs[last] = _FreedRun(_as_list(block_ids[:end]), start, hashes, mark)
@@ -525,16 +531,18 @@ class KVPool:
         released tail first, so LRU evicts a finished sequence's tail before its prefix.
         `held_hashes`, when given, are what the leading blocks are known to hold (a
         sequence's cached and committed prefix): those blocks' content is not read."""
-        cached_ids, cached_hashes = self._release(block_ids, held_hashes)
-        self._remember_run(block_ids, cached_ids, cached_hashes)
+        cached_ids, cached_hashes, held_run = self._release(block_ids, held_hashes)
+        self._remember_run(block_ids, cached_ids, cached_hashes, held_run)
 
     def _release(
         self, block_ids: Sequence[int], held_hashes: Sequence[int] = ()
-    ) -> tuple[list[int], list[int]]:
+    ) -> tuple[list[int], list[int], Sequence[int] | None]:
         """Drop a reference on each block, tail first; returns the blocks that became
-        candidates, in the order given to the strategy, with their hashes. The first
-        `len(held_hashes)` blocks hold those hashes (the caller knows): in a pool far
-        larger than the cache, reading each block's slot of `_hash` is a cache miss."""
+        candidates, in the order given to the strategy, with their hashes, and (when
+        those are exactly the held blocks from some place on) their hashes in order,
+        a slice of `held_hashes`. The first `len(held_hashes)` blocks hold those hashes
+        (the caller knows): in a pool far larger than the cache, reading each block's
+        slot of `_hash` is a cache miss."""
         refs, hashes = self._ref, self._hash
         cached_ids: list[int] = []
         cached_hashes: list[int] = []
@@ -544,6 +552,7 @@ class KVPool:
         num_held = len(held_hashes)
         if num_held > len(block_ids):
             raise ValueError(f"{num_held} held hashes for {len(block_ids)} blocks")
+        held_run: Sequence[int] | None = None
         tail_first = reversed(block_ids)
         for block_id in islice(tail_first, len(block_ids) - num_held):
             ref = refs[block_id]
@@ -563,7 +572,62 @@ class KVPool:
                 refs[block_id] = ref - 1
             else:
                 raise ValueError(f"free of block {block_id} with ref count {max(ref, 0)}")
-        # the rest of the same pass: the held blocks, each with its known hash
+        if num_held:
+            held_run = self._release_held(
+                tail_first, block_ids, held_hashes, cached_ids, cached_hashes
+            )
+        if cached_ids:
+            self.eviction.add_many(cached_ids, cached_hashes)
+        self._num_in_use -= len(cached_ids) + len(empty) - num_empty_before
+        return cached_ids, cached_hashes, held_run
+
+    def _release_held(
+        self,
+        tail_first: Iterator[int],
+        block_ids: Sequence[int],
+        held_hashes: Sequence[int],
+        cached_ids: list[int],
+        cached_hashes: list[int],
+    ) -> Sequence[int] | None:
+        """`_release`'s pass over the held blocks (`tail_first` goes on with them), adding
+        to its candidates; returns their hashes in order (a slice of `held_hashes`) when
+        the candidates are the held blocks from some place on and no others. Usually the
+        blocks no one else reads are those after a shared head: handed over as slices,
+        their counts read in one pass, not block by block."""
+        refs = self._ref
+        num_held = len(held_hashes)
+        held_ids = _as_list(block_ids[:num_held])
+        counts = list(map(refs.__getitem__, held_ids))
+        first = counts.index(1) if 1 in counts else num_held
+        if counts.count(1) != num_held - first:  # a candidate before a shared block: rare
+            self._release_each(tail_first, held_hashes, cached_ids, cached_hashes)
+            return None
+        for block_id, ref in zip(held_ids[:first], counts, strict=False):
+            if ref <= 1:
+                raise ValueError(f"free of block {block_id} with ref count {max(ref, 0)}")
+            refs[block_id] = ref - 1
+        if first == num_held:
+            return None
+        unread = held_ids[first:]
+        unread.reverse()
+        if not self._marked:
+            for block_id in unread:
+                refs[block_id] = 0
+        forward = held_hashes[first:]
+        held_run = None if cached_ids else forward  # none after the held blocks: usual
+        cached_ids += unread
+        cached_hashes += reversed(forward)
+        return held_run
+
+    def _release_each(
+        self,
+        tail_first: Iterator[int],
+        held_hashes: Sequence[int],
+        cached_ids: list[int],
+        cached_hashes: list[int],
+    ) -> None:
+        """`_release_held`'s pass, block by block."""
+        refs, marked = self._ref, self._marked
         for block_id, h in zip(tail_first, reversed(held_hashes), strict=True):
             ref = refs[block_id]
             if ref == 1:
@@ -575,10 +639,6 @@ class KVPool:
                 refs[block_id] = ref - 1
             else:
                 raise ValueError(f"free of block {block_id} with ref count {max(ref, 0)}")
-        if cached_ids:
-            self.eviction.add_many(cached_ids, cached_hashes)
-        self._num_in_use -= len(cached_ids) + len(empty) - num_empty_before
-        return cached_ids, cached_hashes
 
     def drop(self, hashes: Sequence[int]) -> int:
         """Free dead content at once (compaction, truncation, a finished session): unused
