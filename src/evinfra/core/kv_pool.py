@@ -543,18 +543,31 @@ class KVPool:
         a slice of `held_hashes`. The first `len(held_hashes)` blocks hold those hashes
         (the caller knows): in a pool far larger than the cache, reading each block's
         slot of `_hash` is a cache miss."""
-        refs, hashes = self._ref, self._hash
         cached_ids: list[int] = []
         cached_hashes: list[int] = []
-        empty = self._free
-        num_empty_before = len(empty)
-        marked = self._marked
+        num_empty_before = len(self._free)
         num_held = len(held_hashes)
         if num_held > len(block_ids):
             raise ValueError(f"{num_held} held hashes for {len(block_ids)} blocks")
         held_run: Sequence[int] | None = None
         tail_first = reversed(block_ids)
-        for block_id in islice(tail_first, len(block_ids) - num_held):
+        self._release_each(islice(tail_first, len(block_ids) - num_held), cached_ids, cached_hashes)
+        if num_held:
+            held_run = self._release_held(
+                tail_first, block_ids, held_hashes, cached_ids, cached_hashes
+            )
+        if cached_ids:
+            self.eviction.add_many(cached_ids, cached_hashes)
+        self._num_in_use -= len(cached_ids) + len(self._free) - num_empty_before
+        return cached_ids, cached_hashes, held_run
+
+    def _release_each(
+        self, tail_first: Iterator[int], cached_ids: list[int], cached_hashes: list[int]
+    ) -> None:
+        """`_release`'s pass block by block, reading each candidate's content: a block
+        without content goes to the free list, one with content to the candidates."""
+        refs, hashes, empty, marked = self._ref, self._hash, self._free, self._marked
+        for block_id in tail_first:
             ref = refs[block_id]
             if ref == 1:
                 # content held by a block is always the index's entry for it (commit,
@@ -572,14 +585,6 @@ class KVPool:
                 refs[block_id] = ref - 1
             else:
                 raise ValueError(f"free of block {block_id} with ref count {max(ref, 0)}")
-        if num_held:
-            held_run = self._release_held(
-                tail_first, block_ids, held_hashes, cached_ids, cached_hashes
-            )
-        if cached_ids:
-            self.eviction.add_many(cached_ids, cached_hashes)
-        self._num_in_use -= len(cached_ids) + len(empty) - num_empty_before
-        return cached_ids, cached_hashes, held_run
 
     def _release_held(
         self,
@@ -600,7 +605,8 @@ class KVPool:
         counts = list(map(refs.__getitem__, held_ids))
         first = counts.index(1) if 1 in counts else num_held
         if counts.count(1) != num_held - first:  # a candidate before a shared block: rare
-            self._release_each(tail_first, held_hashes, cached_ids, cached_hashes)
+            # block by block, the content read from the pool: a held block's is the told hash
+            self._release_each(tail_first, cached_ids, cached_hashes)
             return None
         for block_id, ref in zip(held_ids[:first], counts, strict=False):
             if ref <= 1:
@@ -618,27 +624,6 @@ class KVPool:
         cached_ids += unread
         cached_hashes += reversed(forward)
         return held_run
-
-    def _release_each(
-        self,
-        tail_first: Iterator[int],
-        held_hashes: Sequence[int],
-        cached_ids: list[int],
-        cached_hashes: list[int],
-    ) -> None:
-        """`_release_held`'s pass, block by block."""
-        refs, marked = self._ref, self._marked
-        for block_id, h in zip(tail_first, reversed(held_hashes), strict=True):
-            ref = refs[block_id]
-            if ref == 1:
-                if not marked:
-                    refs[block_id] = 0
-                cached_ids.append(block_id)
-                cached_hashes.append(h)
-            elif ref > 1:
-                refs[block_id] = ref - 1
-            else:
-                raise ValueError(f"free of block {block_id} with ref count {max(ref, 0)}")
 
     def drop(self, hashes: Sequence[int]) -> int:
         """Free dead content at once (compaction, truncation, a finished session): unused
