@@ -149,5 +149,6 @@ def runs_table(specs: Sequence[RunSpec], outcomes: Mapping[str, RunOutcome]) -> 
             "error": o.error,
             "wall_s": o.wall_s,
             "reused": o.reused,
+            "stopped_s": o.summary.get("stopped_s") if o.summary else None,
         }
     return table

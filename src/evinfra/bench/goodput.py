@@ -56,6 +56,9 @@ def judge(
     if not summaries or any(s is None for s in summaries):
         return PointVerdict(value, False, "a run failed")
     ok = [s for s in summaries if s is not None]
+    stopped = next((s for s in ok if s.get("stopped_s") is not None), None)
+    if stopped is not None:
+        return PointVerdict(value, False, str(stopped.get("stopped_reason") or "stopped"))
     ttft = _mean([float(s["p95_ttft_s"]) for s in ok])
     tpot = _mean([float(s["mean_tpot_s"]) for s in ok])
     done = sum(int(s["num_requests"]) for s in ok)

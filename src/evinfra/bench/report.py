@@ -209,7 +209,13 @@ def goodput_table(results: dict[str, Any]) -> list[str]:
             if t.get("rate_max") is not None
             else ""
         )
-        + f" with up to {t['iterations']} bisections.",
+        + f" with up to {t['iterations']} bisections."
+        + (
+            " A run certain to fail the targets was stopped there (`stop_failing_runs`):"
+            " its figures are up to the stop."
+            if t.get("stop_failing_runs")
+            else ""
+        ),
         "",
         f"| system | goodput ({t['field']}) | vs {results['baseline']} | first failing | why |",
         "| --- | ---: | ---: | ---: | --- |",
@@ -248,11 +254,14 @@ def render_report(results: dict[str, Any], plot_files: list[str]) -> str:
     runs = results.get("runs", {})
     failed = [k for k, v in runs.items() if not v["ok"]]
     reused = sum(1 for v in runs.values() if v["reused"])
+    stopped = sum(1 for v in runs.values() if v.get("stopped_s") is not None)
     lines += [
         "## Runs",
         "",
         f"{len(runs)} simulator runs ({reused} reused from an earlier invocation),"
-        f" {len(failed)} failed; {results.get('wall_s', 0):.0f} s wall."
+        f" {len(failed)} failed"
+        + (f", {stopped} stopped once certain to fail the goodput targets" if stopped else "")
+        + f"; {results.get('wall_s', 0):.0f} s wall."
         " Per-run files: `runs/<run id>/` (summary.json, config.json, timeseries.json,"
         " records.npz, or error.json).",
     ]

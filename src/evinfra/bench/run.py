@@ -45,6 +45,12 @@ def _goodput_runs(
         for b in searches.values():
             b.limit_bisections(QUICK_MAX_BISECTIONS)
     all_specs: list[RunSpec] = []
+    extra = None
+    if spec.stop_failing_runs and len(seeds) == 1:
+        extra = {
+            "stop_past_ttft_p95_s": spec.ttft_p95_s,
+            "stop_max_unfinished_frac": spec.max_unfinished_frac,
+        }
 
     def specs_at(label: str, value: float) -> list[RunSpec]:
         return [
@@ -55,6 +61,7 @@ def _goodput_runs(
                 (spec.field, value),
                 quick=quick,
                 scenario_path=scenario_path,
+                extra=extra,
             )
             for seed in seeds
         ]

@@ -84,6 +84,11 @@ class GoodputSpec(BaseModel):
     iterations: int = Field(4, ge=0, le=20)
     field: str = "session_rate"
     max_unfinished_frac: float = Field(0.01, ge=0, le=1)
+    stop_failing_runs: bool = False
+    """Stop a run once it is certain to fail the P95 TTFT target (or the unfinished share):
+    the verdict is the same, the overloaded loads cost a fraction of their time, and their
+    figures are the run's up to the stop. Only with one seed: over seeds the verdict is on
+    the mean P95 TTFT, which one seed's failure does not decide."""
 
     @model_validator(mode="after")
     def _check(self) -> GoodputSpec:
@@ -238,13 +243,17 @@ def make_run(
     *,
     quick: bool = False,
     scenario_path: Path | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> RunSpec:
+    """`extra`: config fields set over the base and the system's (a goodput search's stop
+    rule)."""
     base = quick_base(scenario.base) if quick else dict(scenario.base)
     if base.get("trace"):
         base["trace"] = resolve_trace(str(base["trace"]), scenario_path)
         base["workload"] = None  # a trace replaces the generator (as in `evinfra sim`)
     data: dict[str, Any] = {**base, "system": entry.name, "seed": seed}
     data["system_options"] = dict(entry.system_options)
+    data.update(extra or {})
     run_id = f"{entry.display}__seed{seed}"
     if point is not None:
         field, value = point

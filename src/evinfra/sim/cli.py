@@ -135,6 +135,12 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
         dest="handoff_overhead_s",
         help="fixed time per disaggregated hand-off (default 0)",
     )
+    p.add_argument(
+        "--stop-past-ttft-p95-s",
+        type=float,
+        dest="stop_past_ttft_p95_s",
+        help="stop once P95 TTFT is certain to pass this (or 1%% to be left unfinished)",
+    )
     p.add_argument("--out", help="directory for summary.json, config.json, timeseries.json")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(handler=run_sim_command)
@@ -143,7 +149,7 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
 OVERRIDE_KEYS = (
     "system", "workload", "trace", "rate_scale", "session_rate", "concurrency", "num_sessions",
     "hints", "model", "gpu", "num_gpus", "gpus_per_node", "cost_model", "duration_s",
-    "warmup_s", "seed", "api_overhead_s", "handoff_overhead_s",
+    "warmup_s", "seed", "api_overhead_s", "handoff_overhead_s", "stop_past_ttft_p95_s",
 )  # fmt: skip
 
 
@@ -159,6 +165,8 @@ def run_sim_command(args: argparse.Namespace) -> int:
         print(f"evinfra sim: error: {exc}", file=sys.stderr)
         return 2
     print(format_table([result.summary]))
+    if result.summary.get("stopped_reason"):
+        print(f"{result.summary['stopped_reason']} (figures up to then)")
     if args.out:
         write_result(result, Path(args.out))
         print(f"wrote {args.out}/summary.json", file=sys.stderr)

@@ -61,6 +61,14 @@ class SimConfig(BaseModel):
     first_token_on_decode_step: bool = Field(
         False, description="after a hand-off, the first token comes from the first decode step"
     )
+    stop_past_ttft_p95_s: float | None = Field(
+        None,
+        gt=0,
+        description="stop the run once its P95 TTFT is certain to pass this, or more than"
+        " stop_max_unfinished_frac of its calls to be left unfinished (a goodput search's"
+        " failing loads; the summary then says stopped_s and why)",
+    )
+    stop_max_unfinished_frac: float = Field(0.01, ge=0, le=1)
 
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
@@ -75,6 +83,11 @@ class SimConfig(BaseModel):
             raise ValueError("set workload or trace")
         if self.session_rate is not None and self.concurrency is not None:
             raise ValueError("set session_rate or concurrency, not both")
+        if self.stop_past_ttft_p95_s is not None and self.concurrency is not None:
+            raise ValueError(
+                "stop_past_ttft_p95_s needs sessions that arrive by rate or trace, not a"
+                " concurrency (the calls a run could send must be countable)"
+            )
         return self
 
     @property

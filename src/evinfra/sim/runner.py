@@ -20,6 +20,7 @@ from evinfra.costmodel.registry import make_cost_model
 from evinfra.costmodel.spec import Dtype
 from evinfra.policy.bundle import ClusterShape, SystemBundle, make_system
 from evinfra.sim.config import ConfigError, SimConfig
+from evinfra.sim.failure_stop import FailureStop, num_calls_before
 from evinfra.sim.links import LinkModel
 from evinfra.sim.metrics import Metrics, summarize
 from evinfra.sim.node import SimNode
@@ -166,8 +167,21 @@ def build_simulation(
             first_token_on_decode_step=cfg.first_token_on_decode_step,
         ),
         progress=progress,
+        failure_stop=_failure_stop(cfg, workload),
     )
     return sim, spec
+
+
+def _failure_stop(cfg: SimConfig, workload: Workload) -> FailureStop | None:
+    if cfg.stop_past_ttft_p95_s is None:
+        return None
+    return FailureStop(
+        ttft_p95_s=cfg.stop_past_ttft_p95_s,
+        max_unfinished_frac=cfg.stop_max_unfinished_frac,
+        warmup_s=cfg.warmup_s,
+        horizon_s=cfg.duration_s,
+        count_calls=lambda: num_calls_before(workload.arrivals(), cfg.duration_s),
+    )
 
 
 def run_sim(
@@ -195,6 +209,10 @@ def run_sim(
     summary["kv_link_bytes"] = sim.links.num_bytes_moved
     summary["switch_cost_s"] = metrics.switch_cost_s
     summary["planner_prediction_error"] = prediction_error(sim.bundle.planner)
+    if sim.failure_stop is not None:
+        # the figures above are the run's up to this time, not the whole window's
+        summary["stopped_s"] = sim.stopped[0] if sim.stopped else None
+        summary["stopped_reason"] = sim.stopped[1] if sim.stopped else None
     return SimResult(cfg, summary, metrics, spec)
 
 

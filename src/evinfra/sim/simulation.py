@@ -26,6 +26,7 @@ from evinfra.policy.base import (
 )
 from evinfra.policy.bundle import SystemBundle
 from evinfra.sim.events import EventQueue, Phase
+from evinfra.sim.failure_stop import FailureStop
 from evinfra.sim.links import LinkModel
 from evinfra.sim.metrics import Metrics, RequestRecord, TimeSample
 from evinfra.sim.node import SimNode, StepInFlight
@@ -74,6 +75,7 @@ class Simulation:
         make_request: RequestFactory,
         settings: SimSettings,
         progress: Progress | None = None,
+        failure_stop: FailureStop | None = None,
     ) -> None:
         self.nodes = nodes
         self.bundle = bundle
@@ -82,6 +84,9 @@ class Simulation:
         self.make_request = make_request
         self.settings = settings
         self.progress = progress
+        self.failure_stop = failure_stop
+        self.stopped: tuple[float, str] | None = None
+        """(time, why) when `failure_stop` ended the run early."""
         self.events = EventQueue()
         self.metrics = Metrics()
         self.block_index = GlobalBlockIndex(len(nodes))
@@ -128,7 +133,19 @@ class Simulation:
                 self.progress(self.events.now_s, self.events.num_processed)
             if self._drained():
                 break
+            if self.failure_stop is not None and self._certain_to_fail():
+                break
         return self.metrics
+
+    def _certain_to_fail(self) -> bool:
+        assert self.failure_stop is not None
+        now = self.events.now_s
+        why = self.failure_stop.check(
+            self.metrics.records, self._next_request_id, now, self._awaiting_decode_step
+        )
+        if why is not None:
+            self.stopped = (now, why)
+        return why is not None
 
     def _drained(self) -> bool:
         return (

@@ -226,3 +226,34 @@ def test_goodput_searches_side_by_side_find_what_one_by_one_finds(
         assert [p["value"] for p in a["points"]] == [p["value"] for p in b["points"]]
         assert (a["rate"], a["bound"], a["points"]) == (b["rate"], b["bound"], b["points"])
     assert sorted(serial["runs"]) == sorted(both["runs"])
+
+
+def test_goodput_stopping_failing_runs_finds_the_same_goodput(
+    tmp_path: Path, scenario_data: dict[str, Any]
+) -> None:
+    # the overloaded loads end once their failure is certain: the same loads are tried,
+    # judged alike, with fewer simulated events
+    scenario_data["systems"] = ["evolving", "dynamo"]
+    scenario_data["base"].update(duration_s=10, model="llama-3-70b", gpu="gb300")
+    targets = {"ttft_p95_s": 0.4, "tpot_mean_s": 10.0, "rate_lo": 0.25, "rate_hi": 4.0}
+    scenario_data["goodput"] = {**targets, "iterations": 2}
+    full = run_bench(parse_scenario(scenario_data), tmp_path / "a", log=lambda _: None)
+    scenario_data["goodput"]["stop_failing_runs"] = True
+    cut = run_bench(parse_scenario(scenario_data), tmp_path / "b", log=lambda _: None)
+    stopped = [k for k, r in cut["runs"].items() if r["stopped_s"] is not None]
+    assert stopped and all(r["stopped_s"] is None for r in full["runs"].values())
+    for label in ("evolving", "dynamo"):
+        a, b = full["goodput"]["systems"][label], cut["goodput"]["systems"][label]
+        assert (a["rate"], a["bound"]) == (b["rate"], b["bound"])
+        assert [(p["value"], p["passed"]) for p in a["points"]] == [
+            (p["value"], p["passed"]) for p in b["points"]
+        ]
+    for run_id in stopped:
+        events = [
+            json.loads((tmp_path / d / "runs" / run_id / "summary.json").read_text())["sim_events"]
+            for d in ("a", "b")
+        ]
+        assert events[1] < events[0]
+    report = (tmp_path / "b" / "report.md").read_text()
+    assert f"{len(stopped)} stopped once certain to fail" in report
+    assert "stopped at" in report and "`stop_failing_runs`" in report
