@@ -213,6 +213,8 @@ class BenchExecutor:
                 f" p95 TTFT {s.get('p95_ttft_s', float('nan')):.3f}s,"
                 f" {s.get('num_requests', 0)} requests"
             )
+            if s.get("stopped_s") is not None:
+                body += f"; stopped at {s['stopped_s']:.0f} s, certain to fail (figures to then)"
         elapsed = time.perf_counter() - self._start
         eta = self.eta_s()
         tail = f"elapsed {_fmt_duration(elapsed)}"

@@ -239,9 +239,11 @@ def test_goodput_stopping_failing_runs_finds_the_same_goodput(
     scenario_data["goodput"] = {**targets, "iterations": 2}
     full = run_bench(parse_scenario(scenario_data), tmp_path / "a", log=lambda _: None)
     scenario_data["goodput"]["stop_failing_runs"] = True
-    cut = run_bench(parse_scenario(scenario_data), tmp_path / "b", log=lambda _: None)
+    lines: list[str] = []
+    cut = run_bench(parse_scenario(scenario_data), tmp_path / "b", log=lines.append)
     stopped = [k for k, r in cut["runs"].items() if r["stopped_s"] is not None]
     assert stopped and all(r["stopped_s"] is None for r in full["runs"].values())
+    assert sum("certain to fail (figures to then)" in line for line in lines) == len(stopped)
     for label in ("evolving", "dynamo"):
         a, b = full["goodput"]["systems"][label], cut["goodput"]["systems"][label]
         assert (a["rate"], a["bound"]) == (b["rate"], b["bound"])
