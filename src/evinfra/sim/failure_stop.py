@@ -12,8 +12,9 @@ least K - max_unfinished_frac N finished ones are late; numpy's P95 (linear) of 
 is at least its value at index floor(0.95 (F - 1)), which passes the target once
 F - floor(0.95 (F - 1)) <= 0.05 F + 1.95 values do. So the run fails when
 K >= (0.05 + max_unfinished_frac) N_max + 2, for any N_max >= N: the window's calls so far
-plus every call of the sessions starting before the horizon not yet sent (a second pass
-over the workload's arrivals, which gives the same sessions), or, past the horizon, the
+plus every call not yet sent that the sessions starting before the horizon can send before
+it (a second pass over the workload's arrivals, which gives the same sessions; a call is
+sent no earlier than its think times after its session's start), or, past the horizon, the
 window's calls alone.
 
 Handed-off calls waiting for their first decode step are left out of K until their first
@@ -34,15 +35,26 @@ PERCENTILE_SHARE = 0.05
 """The share of the finished calls above P95."""
 
 
-def num_calls(plan: SessionPlan) -> int:
-    """Calls of a session, those of the sessions its calls fork included."""
-    return sum(1 + sum(num_calls(child) for child in call.forks) for call in plan.calls)
+def num_calls_by(plan: SessionPlan, start_s: float, horizon_s: float) -> int:
+    """Calls of a session started at `start_s` that can be sent before the horizon, those
+    of the sessions its calls fork included. A call goes out at the earliest its think time
+    after its predecessor's send (which it follows after that call's end), and a forked
+    session starts at the earliest when its parent call is sent: so the calls whose think
+    times alone reach the horizon are never sent."""
+    at_s = start_s
+    count = 0
+    for call in plan.calls:
+        at_s += call.think_s
+        if at_s >= horizon_s:
+            break
+        count += 1 + sum(num_calls_by(child, at_s, horizon_s) for child in call.forks)
+    return count
 
 
 def num_calls_before(arrivals: Iterable[SessionArrival], horizon_s: float) -> int:
-    """Calls of every session that starts before the horizon (sessions in start order)."""
+    """Calls that can be sent before the horizon, over sessions in start order."""
     starting = itertools.takewhile(lambda a: a.start_s < horizon_s, arrivals)
-    return sum(num_calls(a.plan) for a in starting)
+    return sum(num_calls_by(a.plan, a.start_s, horizon_s) for a in starting)
 
 
 class FailureStop:

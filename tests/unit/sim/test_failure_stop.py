@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from evinfra.bench.goodput import judge
 from evinfra.bench.scenario import GoodputSpec
 from evinfra.sim.config import ConfigError, SimConfig, load_config
-from evinfra.sim.failure_stop import FailureStop, num_calls, num_calls_before
+from evinfra.sim.failure_stop import FailureStop, num_calls_before, num_calls_by
 from evinfra.sim.metrics import Metrics, RequestRecord, summarize
-from evinfra.sim.runner import run_sim
+from evinfra.sim.runner import build_workload, run_sim
 from evinfra.workloads.types import Call, SessionArrival, SessionPlan
 
 TARGET_S = 1.0
@@ -39,12 +39,18 @@ def _record(rid: int, arrival_s: float, ttft_s: float | None, done: bool = True)
     return rec
 
 
-def test_counts_calls_of_forked_sessions() -> None:
-    leaf = SessionPlan("c", "toy", (Call((), 1, 1, 0.0), Call((), 1, 2, 0.0)))
-    root = SessionPlan("r", "toy", (Call((), 1, 3, 0.0, forks=(leaf, leaf)), Call((), 1, 4, 0.0)))
-    assert num_calls(leaf) == 2 and num_calls(root) == 6
+def test_counts_the_calls_a_session_can_send_before_the_horizon() -> None:
+    # a call goes out its think time after its predecessor at the earliest; a forked
+    # session starts when its parent call goes out at the earliest
+    leaf = SessionPlan("c", "toy", (Call((), 1, 1, 1.0), Call((), 1, 2, 3.0)))
+    root = SessionPlan("r", "toy", (Call((), 1, 3, 0.0, forks=(leaf, leaf)), Call((), 1, 4, 2.0)))
+    assert num_calls_by(leaf, 0.0, 100.0) == 2 and num_calls_by(root, 0.0, 100.0) == 6
+    # at 3.5 the leaves' second calls (4 s in) and nothing after 2 s of the root are out
+    assert num_calls_by(root, 0.0, 3.5) == 4
+    assert num_calls_by(root, 0.0, 2.0) == 3
     arrivals = [SessionArrival(0.0, root), SessionArrival(5.0, leaf), SessionArrival(9.0, root)]
-    assert num_calls_before(iter(arrivals), 9.0) == 8
+    assert num_calls_before(iter(arrivals), 9.0) == 6 + 1  # the leaf at 5: its 2nd at 9
+    assert num_calls_before(iter(arrivals), 9.5) == 6 + 2 + 1
 
 
 def test_stops_at_the_bound_and_not_before() -> None:
@@ -197,7 +203,11 @@ def _tiny(**kw: Any) -> SimConfig:
 
 def test_an_overloaded_run_stops_early_and_fails_as_the_whole_run_does() -> None:
     spec = GoodputSpec(ttft_p95_s=0.4, tpot_mean_s=10.0, rate_lo=1, rate_hi=2)
-    full = run_sim(_tiny(session_rate=4.0)).summary
+    full_run = run_sim(_tiny(session_rate=4.0))
+    full = full_run.summary
+    # the bound holds: no more calls went out than the think times allow
+    sent = len(full_run.metrics.records) + full["num_rejected"]
+    assert sent <= num_calls_before(build_workload(full_run.config).arrivals(), 30.0)
     cut = run_sim(_tiny(session_rate=4.0, stop_past_ttft_p95_s=0.4)).summary
     assert "stopped_s" not in full
     assert not judge(4.0, [full], spec).passed
