@@ -133,6 +133,13 @@ class Scenario(BaseModel):
         for key in ("system", "system_options", "seed"):
             if key in self.base:
                 raise ValueError(f"base.{key}: set per system / in seeds, not in base")
+        g = self.goodput
+        closed = g is not None and (g.field == "concurrency" or "concurrency" in self.base)
+        if g is not None and g.stop_failing_runs and closed:
+            raise ValueError(
+                "goodput.stop_failing_runs: needs sessions arriving by rate or trace,"
+                " not a concurrency (the calls a run can send must be countable)"
+            )
         return self
 
     @property

@@ -42,6 +42,19 @@ def test_parses_string_and_entry_systems(scenario_data: dict[str, Any]) -> None:
             "rate_hi",
         ),
         ({"goodput": {"ttft_p95_s": 1, "rate_lo": 1, "rate_hi": 2}}, "goodput.tpot_mean_s"),
+        (
+            {
+                "goodput": {
+                    "ttft_p95_s": 1,
+                    "tpot_mean_s": 0.1,
+                    "rate_lo": 1,
+                    "rate_hi": 2,
+                    "field": "concurrency",
+                    "stop_failing_runs": True,
+                }
+            },
+            "goodput.stop_failing_runs",
+        ),
         ({"name": "has space"}, "name"),
     ],
 )
