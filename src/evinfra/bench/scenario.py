@@ -134,7 +134,7 @@ class Scenario(BaseModel):
             if key in self.base:
                 raise ValueError(f"base.{key}: set per system / in seeds, not in base")
         g = self.goodput
-        closed = g is not None and (g.field == "concurrency" or "concurrency" in self.base)
+        closed = g is not None and (g.field == "concurrency" or self.base.get("concurrency"))
         if g is not None and g.stop_failing_runs and closed:
             raise ValueError(
                 "goodput.stop_failing_runs: needs sessions arriving by rate or trace,"
