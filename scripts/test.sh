@@ -5,5 +5,5 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh "dev,serve,ray"
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/ruff format --check src tests benchmarks
-.venv/bin/mypy src/evinfra/core src/evinfra/policy src/evinfra/costmodel src/evinfra/sim src/evinfra/workloads src/evinfra/bench
+.venv/bin/mypy src tests benchmarks
 .venv/bin/python -m pytest -q "$@"

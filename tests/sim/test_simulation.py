@@ -3,6 +3,7 @@ import itertools
 import pytest
 
 from evinfra.core.types import Role, RoleChange, SwitchMode
+from evinfra.sim.metrics import RequestRecord
 from evinfra.workloads.types import SessionArrival
 from tests.sim.toy import make_session, make_sim
 
@@ -20,7 +21,7 @@ def test_every_call_finishes_and_closed_loop_waits_for_predecessor() -> None:
     recs = sorted(metrics.records.values(), key=lambda r: r.request_id)
     assert len(recs) == 20
     assert all(r.finish_s is not None for r in recs)
-    by_session: dict[str, list] = {}
+    by_session: dict[str, list[RequestRecord]] = {}
     for r in recs:
         by_session.setdefault(r.session_id, []).append(r)
     for calls in by_session.values():
@@ -108,7 +109,7 @@ def test_calls_are_held_while_every_node_restarts_and_none_is_lost() -> None:
         SessionArrival(0.1 * i, make_session(f"r{i}", 3, 40, 10, think_s=0.5)) for i in range(4)
     ]
     sim = make_sim(sessions)
-    sim.bundle.planner = _RestartAll()  # type: ignore[assignment]
+    sim.bundle.planner = _RestartAll()
     sim.bundle.switch_mode = SwitchMode.RESTART
     sim.bundle.cold_start_s = 5.0
     metrics = sim.run()

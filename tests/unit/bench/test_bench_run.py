@@ -187,7 +187,7 @@ def test_mooncake_trace_scenario_expands() -> None:
     if not trace.is_file():
         pytest.skip("shared Mooncake traces absent")
     run = main_runs(load_scenario(path), scenario_path=path)[0]
-    assert Path(run.config.trace).is_file()
+    assert run.config.trace is not None and Path(run.config.trace).is_file()
 
 
 @pytest.mark.slow

@@ -28,7 +28,9 @@ def make_spec(**kw: Any) -> GoodputSpec:
     return GoodputSpec(**values)
 
 
-def make_summary(ttft: float = 0.5, tpot: float = 0.02, done: int = 100, left: int = 0) -> dict:
+def make_summary(
+    ttft: float = 0.5, tpot: float = 0.02, done: int = 100, left: int = 0
+) -> dict[str, float]:
     return {"p95_ttft_s": ttft, "mean_tpot_s": tpot, "num_requests": done, "num_unfinished": left}
 
 

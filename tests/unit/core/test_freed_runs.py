@@ -154,7 +154,7 @@ def test_free_told_a_slice_of_held_hashes_matches_a_plain_free_for_any_sharing(
     shared &= set(range(num_committed))
     hashes = tuple(range(1, num_committed + 1))
     pools = [KVPool(24, eviction=make_eviction(kind)) for _ in range(2)]
-    results = []
+    results: list[object] = []
     for told, pool in enumerate(pools):
         ids = run_of(pool, hashes, num_tail=num_blocks - num_committed)
         pool.acquire_cached([hashes[i] for i in sorted(shared)])  # another holder

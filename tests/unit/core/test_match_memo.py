@@ -2,6 +2,8 @@
 walk after every change that can alter a match: allocate and commit, free, eviction,
 drop, offload and prefetch (tier moves), import, host stores and their evictions, clear."""
 
+from collections.abc import Sequence
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,7 +20,7 @@ def spy_walk_starts(pool: KVPool) -> list[int]:
     starts: list[int] = []
     walk = pool._match
 
-    def spy(hashes: tuple[int, ...], limit: int | None, start: int = 0) -> PrefixMatch:
+    def spy(hashes: Sequence[int], limit: int | None, start: int = 0) -> PrefixMatch:
         starts.append(start)
         return walk(hashes, limit, start)
 
@@ -48,7 +50,7 @@ def test_a_repeated_match_does_not_walk_the_prompt_again() -> None:
     committed(pool, 3)
     first = pool.match_prefix(PROMPT)
 
-    def walk(*_: object) -> PrefixMatch:
+    def walk(hashes: Sequence[int], limit: int | None, start: int = 0) -> PrefixMatch:
         raise AssertionError("walked the prompt again")
 
     pool._match = walk  # type: ignore[method-assign]

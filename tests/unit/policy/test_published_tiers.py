@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable
+from typing import cast
 
 import pytest
 
 from evinfra.core.kv_pool import KVPool
 from evinfra.core.types import AgentHints, Request
-from evinfra.policy.base import KVAction, ScoreBlocks
+from evinfra.policy.base import ClusterView, KVAction, ScoreBlocks
 from evinfra.policy.evolving.kv_manager import AgentKVManager, KVManagerConfig
 from evinfra.policy.evolving.sessions import TIER_ACTIVE, TIER_AWAY, TIER_SHARED, SessionTable
 from evinfra.policy.published import PublishedTiers, ScoreSink
@@ -174,7 +175,7 @@ def agent_day(kv: AgentKVManager, pools: dict[int, KVPool], apply: Callable[...,
     for rid, (sid, node, prompt, tool_s, kw) in enumerate(sessions + returns):
         if rid == len(sessions):
             t = 40.0  # everyone is past 30 s overdue now
-            apply(kv.on_tick(object(), t))
+            apply(kv.on_tick(cast(ClusterView, object()), t))  # its tick reads no view
         r = req(rid, sid, prompt, tool_s, **kw)
         apply(kv.on_arrival(r, t))
         kv.table.note_route(rid, (node,))
@@ -223,7 +224,7 @@ def test_published_and_in_process_tiers_evict_the_same_blocks_in_the_same_order(
 
 
 # -- the simulator through the servers' path -----------------------------------------------
-def side_by_side_sim(tier_messages: bool) -> tuple[dict[str, object], int]:
+def side_by_side_sim(tier_messages: bool) -> tuple[dict[str, float | int], int]:
     """The side-by-side run's simulated evinfra (2 nodes of 2,048 blocks, 24 coding
     sessions, 60 s), eviction read in process or through published tiers; its summary
     and the number of tier batches published."""

@@ -141,6 +141,7 @@ def run_in_process(bundle: SystemBundle, sc: Scenario) -> list[list[RoleChange]]
 
 def run_replica(bundle: SystemBundle, sc: Scenario) -> list[list[RoleChange]]:
     """What the ray runtime does: the events shipped with each tick, a snapshot planned."""
+    assert bundle.planner is not None
     replica: ControlReplica = cloudpickle.loads(
         cloudpickle.dumps(ControlReplica(bundle.kv_manager, bundle.planner))
     )
