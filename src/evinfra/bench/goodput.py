@@ -144,6 +144,18 @@ def goodput_ratio(system: GoodputResult, baseline: GoodputResult) -> float | Non
     return system.rate / baseline.rate
 
 
+LOAD_UNITS = {"session_rate": "/s", "concurrency": "sessions", "rate_scale": "x"}
+"""The unit of each load field a sweep or goodput search may vary ("x": a multiple of a
+trace's own arrival rate)."""
+
+
+def load_axis_label(field: str) -> str:
+    """`session_rate` -> "session rate (/s)"; a field with no known unit is named alone."""
+    unit = LOAD_UNITS.get(field)
+    name = field.replace("_", " ")
+    return f"{name} ({unit})" if unit else name
+
+
 def goodput_label(result: dict[str, Any]) -> str:
     """A system's goodput as written in report.md and on goodput.png, from its
     `result_to_json` form: the load tried (`:g`), ">= x" when the search stopped at

@@ -15,7 +15,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from evinfra.bench.goodput import goodput_label
+from evinfra.bench.goodput import goodput_label, load_axis_label
 from evinfra.bench.store import load_latencies, load_timeseries
 
 ROLE_COLORS = {
@@ -230,7 +230,7 @@ def plot_latency_vs_load(results: dict[str, Any], out: Path) -> Path | None:
                     lw=1.5,
                 )
         _log_seconds_axis(ax, "y")
-        ax.set_xlabel(sw["field"].replace("_", " ") + " (/s)")
+        ax.set_xlabel(load_axis_label(sw["field"]))
         ax.set_ylabel(f"{title} (s, log scale)")
         ax.set_title(f"{title} against load")
         ax.grid(True, which="both", alpha=0.25)
@@ -263,7 +263,7 @@ def plot_goodput(results: dict[str, Any], out: Path) -> Path | None:
             fontsize=9,
         )
     t = g["targets"]
-    ax.set_ylabel(f"goodput: highest {t['field'].replace('_', ' ')} (/s)")
+    ax.set_ylabel(f"goodput: highest {load_axis_label(t['field'])}")
     ax.set_title(
         f"goodput at P95 TTFT <= {t['ttft_p95_s']:g} s,"
         f" mean TPOT <= {t['tpot_mean_s'] * 1000:g} ms (ratio vs {results['baseline']})",

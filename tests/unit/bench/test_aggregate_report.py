@@ -177,6 +177,19 @@ def test_main_table_gives_a_goodput_as_the_load_tried() -> None:
     }
     row = next(x for x in main_table(res) if x.startswith("| evolving"))
     assert row.endswith(" 12.75 | 2.55x |")
+    assert " goodput (/s) | vs dynamo |" in main_table(res)[0]
+    # a search over a trace's rate_scale is a multiple, not a rate
+    res["goodput"]["targets"] = {"field": "rate_scale"}
+    assert " goodput (x) | vs dynamo |" in main_table(res)[0]
+
+
+def test_load_axes_name_their_unit() -> None:
+    from evinfra.bench.goodput import load_axis_label
+
+    assert load_axis_label("session_rate") == "session rate (/s)"
+    assert load_axis_label("rate_scale") == "rate scale (x)"
+    assert load_axis_label("concurrency") == "concurrency (sessions)"
+    assert load_axis_label("num_gpus") == "num gpus"
 
 
 def test_goodput_bar_is_labelled_as_the_report_cell() -> None:
