@@ -64,8 +64,21 @@ def only_systems(scenario: Scenario, labels: list[str]) -> Scenario:
     return scenario.model_copy(update={"systems": kept})
 
 
+def portable_path(path: Path) -> Path:
+    """`path` as another checkout would name it: relative to the project (the nearest
+    folder above it with a `pyproject.toml`) when it lies in one and is not already relative
+    to where the command ran, so a report written from a worktree in /tmp says
+    `benchmarks/x.yaml`; otherwise as given."""
+    if not path.is_absolute():
+        return path
+    for parent in path.parents:
+        if (parent / "pyproject.toml").is_file():
+            return path.relative_to(parent)
+    return path
+
+
 def reproduce_command(args: argparse.Namespace, out: Path) -> str:
-    parts = ["evinfra", "bench", str(args.scenario), "--out", str(out)]
+    parts = ["evinfra", "bench", str(portable_path(Path(args.scenario))), "--out", str(out)]
     if args.quick:
         parts.append("--quick")
     if args.seeds:

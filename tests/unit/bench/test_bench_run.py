@@ -160,6 +160,20 @@ def test_cli_seeds_override(
     assert "--seeds: duplicate seed" in capsys.readouterr().err
 
 
+def test_the_reproduce_line_names_a_project_file_from_the_project(tmp_path: Path) -> None:
+    from evinfra.bench.cli import portable_path
+
+    # a scenario in a checkout anywhere (a worktree in /tmp) is named from its root
+    (tmp_path / "wt" / "benchmarks").mkdir(parents=True)
+    (tmp_path / "wt" / "pyproject.toml").write_text("")
+    inside = tmp_path / "wt" / "benchmarks" / "smoke.yaml"
+    assert portable_path(inside) == Path("benchmarks/smoke.yaml")
+    assert portable_path(REPO / "benchmarks" / "smoke.yaml") == Path("benchmarks/smoke.yaml")
+    # a relative path, or a file in no project, stays as given
+    assert portable_path(Path("benchmarks/smoke.yaml")) == Path("benchmarks/smoke.yaml")
+    assert portable_path(tmp_path / "mine.yaml") == tmp_path / "mine.yaml"
+
+
 def test_cli_systems_subset(
     tmp_path: Path, scenario_data: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
