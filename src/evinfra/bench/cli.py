@@ -65,10 +65,10 @@ def only_systems(scenario: Scenario, labels: list[str]) -> Scenario:
 
 
 def portable_path(path: Path) -> Path:
-    """`path` as another checkout would name it: relative to the project (the nearest
-    folder above it with a `pyproject.toml`) when it lies in one and is not already relative
-    to where the command ran, so a report written from a worktree in /tmp says
-    `benchmarks/x.yaml`; otherwise as given."""
+    """`path` as another checkout would name it: an absolute path inside a project is made
+    relative to the project (the nearest folder above it with a `pyproject.toml`), so a
+    report written from a worktree in /tmp says `benchmarks/x.yaml`; any other path is
+    kept as given."""
     if not path.is_absolute():
         return path
     for parent in path.parents:

@@ -149,11 +149,15 @@ LOAD_UNITS = {"session_rate": "/s", "concurrency": "sessions", "rate_scale": "x"
 trace's own arrival rate)."""
 
 
+def unit_suffix(field: str) -> str:
+    """ " (/s)" for `session_rate`; "" for a field with no known unit."""
+    unit = LOAD_UNITS.get(field)
+    return f" ({unit})" if unit else ""
+
+
 def load_axis_label(field: str) -> str:
     """`session_rate` -> "session rate (/s)"; a field with no known unit is named alone."""
-    unit = LOAD_UNITS.get(field)
-    name = field.replace("_", " ")
-    return f"{name} ({unit})" if unit else name
+    return field.replace("_", " ") + unit_suffix(field)
 
 
 def goodput_label(result: dict[str, Any]) -> str:

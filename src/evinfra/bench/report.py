@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from evinfra.bench.goodput import LOAD_UNITS, STEP_UP_FACTOR, goodput_label
+from evinfra.bench.goodput import STEP_UP_FACTOR, goodput_label, unit_suffix
 from evinfra.workloads.factory import DEFAULT_SESSION_RATE_PER_S
 
 UNFINISHED_WARN_FRAC = 0.01
@@ -72,9 +72,7 @@ def main_table(results: dict[str, Any]) -> list[str]:
     )
     sep = "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     if gp:
-        field = (results["goodput"].get("targets") or {}).get("field", "session_rate")
-        unit = LOAD_UNITS.get(field, "")
-        head += f" goodput ({unit}) | vs {base} |" if unit else f" goodput | vs {base} |"
+        head += f" goodput{unit_suffix(results['goodput']['targets']['field'])} | vs {base} |"
         sep += " ---: | ---: |"
     lines = [head, sep]
     for label, block in results["systems"].items():

@@ -170,10 +170,11 @@ def test_main_table_gives_a_goodput_as_the_load_tried() -> None:
     rounded to 12.8, which would be a load never run."""
     res = make_results(evolving=block("evolving", 2.0, 0.1), dynamo=block("dynamo", 8.0, 1.4))
     res["goodput"] = {
+        "targets": {"field": "session_rate"},
         "systems": {
             "evolving": {"rate": 12.75, "bound": "exact", "ratio_vs_dynamo": 2.55},
             "dynamo": {"rate": 5.0, "bound": "exact", "ratio_vs_dynamo": 1.0},
-        }
+        },
     }
     row = next(x for x in main_table(res) if x.startswith("| evolving"))
     assert row.endswith(" 12.75 | 2.55x |")
