@@ -119,15 +119,16 @@ def _plan_twice(
     roles: list[Role],
     *,
     tpot_s: float = 0.02,
+    ttft_s: float = 0.1,
     start_s: float = 0.0,
 ) -> list[Role]:
-    """Ten calls a second from `start_s` for 30 s, finishing at `tpot_s`, then two plans
-    (a target must hold twice)."""
+    """Ten calls a second from `start_s` for 30 s, first token at `ttft_s`, finishing at
+    `tpot_s`, then two plans (a target must hold twice)."""
     for t in range(30):
         for j in range(10):
             now_s = start_s + t + j / 10
             req = Request(int(now_s * 1000), (), uncached + 100, out)
-            p.observe(RequestFinished(req, now_s, 100, 0.1, 0.1 + out * tpot_s, tpot_s))
+            p.observe(RequestFinished(req, now_s, 100, ttft_s, ttft_s + out * tpot_s, tpot_s))
     view = cluster(*(FakeNode(i, role) for i, role in enumerate(roles)))
     p.plan(view, start_s + 30.0)
     return sorted((c.new_role for c in p.plan(view, start_s + 30.5)), key=lambda r: r.value)
@@ -237,6 +238,38 @@ def test_a_split_serving_past_the_itl_target_is_left_for_mixed_nodes() -> None:
         SessionTable(), MOE, 16, replace(_planner(True).config, mixed_past_split_itl=False)
     )
     assert _plan_twice(off, 2000, 200, SPLIT_3_1, tpot_s=0.08) == []
+
+
+def _ttft_rule(on: bool, target_s: float = 2.0) -> EvolvingPlanner:
+    cfg = replace(_planner(True).config, mixed_past_split_ttft=on, ttft_target_s=target_s)
+    return EvolvingPlanner(SessionTable(), MOE, 16, cfg)
+
+
+def test_a_split_serving_past_the_ttft_target_is_left_for_mixed_nodes_when_asked() -> None:
+    # the load where the 3/1 split is predicted faster and stays, its calls within the
+    # ITL target but their first tokens at 3 s against a 2 s target (a prefill queue's
+    # tail, which the latency model does not see); mixed TPOT is predicted within target
+    assert _plan_twice(_ttft_rule(True), 2000, 200, SPLIT_3_1, ttft_s=3.0) == [Role.MIXED] * 4
+    # within the target, with the rule off (the default) or a looser target, it stays
+    assert _plan_twice(_ttft_rule(True), 2000, 200, SPLIT_3_1, ttft_s=1.5) == []
+    assert _plan_twice(_planner(True), 2000, 200, SPLIT_3_1, ttft_s=3.0) == []
+    assert _plan_twice(_ttft_rule(True, 4.0), 2000, 200, SPLIT_3_1, ttft_s=3.0) == []
+    # where mixed nodes would miss the ITL target (1,200-token outputs) it stays split
+    # and moves a node to decode, as without the rule
+    got = _plan_twice(_ttft_rule(True), 2000, 1200, SPLIT_3_1, ttft_s=3.0)
+    assert got == [Role.DECODE]
+
+
+def test_the_ttft_rule_reads_the_95th_percentile_not_the_mean() -> None:
+    # 5% of calls at 10 s and the rest at 0.1 s: a mean of 0.6 s, a P95 at the fast calls
+    # (the 95th of 100 in rank) and so within target; 6% slow puts the P95 at 10 s
+    p = _ttft_rule(True)
+    for i in range(100):
+        req = Request(i, (), 1000, 100)
+        p.observe(RequestFinished(req, 10.0, 0, 10.0 if i < 5 else 0.1, 12.0, 0.02))
+    assert p._observed_ttft_p95_s() == 0.1
+    p.observe(RequestFinished(Request(100, (), 1000, 100), 10.0, 0, 10.0, 12.0, 0.02))
+    assert p._observed_ttft_p95_s() == 10.0
 
 
 def test_nodes_stay_mixed_for_the_capacity_window_after_leaving_a_split_on_its_itl() -> None:

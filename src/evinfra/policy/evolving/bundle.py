@@ -38,6 +38,8 @@ OPTIONS = (
     "split_capacity_margin",
     "capacity_window_s",
     "mixed_past_split_itl",
+    "mixed_past_split_ttft",
+    "ttft_target_s",
     "split_by_latency",
     "tier_messages",
 )
@@ -99,6 +101,8 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
                 ),
                 capacity_window_s=get_float(options, "capacity_window_s", 120.0, min_value=0.0),
                 mixed_past_split_itl=get_bool(options, "mixed_past_split_itl", True),
+                mixed_past_split_ttft=get_bool(options, "mixed_past_split_ttft", False),
+                ttft_target_s=get_float(options, "ttft_target_s", 2.0, min_value=0.001),
                 split_by_latency=get_bool(options, "split_by_latency", False),
                 switch_mode=mode,
             ),

@@ -72,6 +72,15 @@ class PlannerConfig:
     `itl_target_s` is left for every node mixed where mixed TPOT is predicted within the
     target, and nodes then stay mixed for `capacity_window_s`: past its decode pool's
     batch slots a split queues decodes for a slot, which the latency model does not see."""
+    mixed_past_split_ttft: bool = False
+    """The same as `mixed_past_split_itl` for the first token: a split in force whose
+    observed P95 TTFT (calls finished over `window_s`) passes `ttft_target_s` is left for
+    every node mixed where mixed TPOT is predicted within `itl_target_s`, and nodes then
+    stay mixed for `capacity_window_s`. A split halves (or worse) the nodes that prefill,
+    and its prefill queue's tail, which bursts and the spread of prompt sizes build, is
+    not in the latency model (off by default: the reference results were measured
+    without it)."""
+    ttft_target_s: float = 2.0
     split_by_latency: bool = False
     """Split at the prefill count predicted fastest (`latency.fastest_split`) instead of the
     one balancing the two demands' load per node (an experiment, off by default)."""
@@ -87,9 +96,9 @@ class EvolvingPlanner:
     rates: NodeRates
     block_size: int
     config: PlannerConfig = field(default_factory=PlannerConfig)
-    _finished: deque[tuple[float, int, int, int, float]] = field(default_factory=deque)
-    """(time, uncached prompt tokens, output tokens, prompt tokens, TPOT) of the calls
-    finished within `window_s` (trimmed by `_observed_calls`, which `demand` runs)."""
+    _finished: deque[tuple[float, int, int, int, float, float]] = field(default_factory=deque)
+    """(time, uncached prompt tokens, output tokens, prompt tokens, TPOT, TTFT) of the
+    calls finished within `window_s` (trimmed by `_observed_calls`, which `demand` runs)."""
     _last_switch_s: dict[int, float] = field(default_factory=dict)
     _pending_target: tuple[int, int, int] | None = None
     _split: bool = True
@@ -127,6 +136,7 @@ class EvolvingPlanner:
                     req.max_output_tokens,
                     req.num_prompt_tokens,
                     observation.tpot_s,
+                    observation.ttft_s,
                 )
             )
 
@@ -141,7 +151,7 @@ class EvolvingPlanner:
         while self._finished and self._finished[0][0] < now_s - self.config.window_s:
             self._finished.popleft()
         pre = out = calls = prompt = 0
-        for t, u, o, n, _ in self._finished:
+        for t, u, o, n, _, _ in self._finished:
             if t >= now_s - span_s:
                 pre += u
                 out += o
@@ -321,22 +331,33 @@ class EvolvingPlanner:
     def _observed_tpot_s(self) -> float:
         """Mean TPOT of the calls with two or more output tokens finished within
         `window_s` (`demand` trims the window first); 0 without any."""
-        tpots = [tpot for _, _, out, _, tpot in self._finished if out >= 2]
+        tpots = [tpot for _, _, out, _, tpot, _ in self._finished if out >= 2]
         return sum(tpots) / len(tpots) if tpots else 0.0
 
+    def _observed_ttft_p95_s(self) -> float:
+        """P95 TTFT of the calls finished within `window_s` (nearest rank); 0 without any."""
+        ttfts = sorted(ttft for *_, ttft in self._finished)
+        if not ttfts:
+            return 0.0
+        return ttfts[min(len(ttfts) - 1, math.ceil(0.95 * len(ttfts)) - 1)]
+
     def _mixed_past_split_itl(self, num_nodes: int, split: bool) -> bool:
-        """A split in force serves calls slower than the ITL target (observed mean TPOT),
-        or one was left so within `capacity_window_s`, and every node mixed is predicted
+        """A split in force serves calls slower than the ITL target (observed mean TPOT)
+        or, with `mixed_past_split_ttft`, past the TTFT target (observed P95 TTFT), or one
+        was left so within `capacity_window_s`, and every node mixed is predicted
         within the target. The latency model takes the running decodes from Little's law
         on the output rate, and a split whose decode pool is short of batch slots queues
         the rest for one (Kimi-K2 coding at 64 GPUs, 7.5 sessions/s: 2/6 from 900 s with
         1,780-2,150 running decodes against 1,536 slots, calls' TPOT 78-124 ms where
         27.6 ms was predicted); mixed nodes batch on every node."""
         cfg, load = self.config, self._offered
-        if not cfg.mixed_past_split_itl or load is None:
+        if not (cfg.mixed_past_split_itl or cfg.mixed_past_split_ttft) or load is None:
             return False
         now_s = self._plan_s
-        leave = split and self._observed_tpot_s() > cfg.itl_target_s
+        leave = split and (
+            (cfg.mixed_past_split_itl and self._observed_tpot_s() > cfg.itl_target_s)
+            or (cfg.mixed_past_split_ttft and self._observed_ttft_p95_s() > cfg.ttft_target_s)
+        )
         held = now_s - self._left_split_s < cfg.capacity_window_s
         if not (leave or held) or mixed_tpot_s(self.rates, load, num_nodes) > cfg.itl_target_s:
             return False
