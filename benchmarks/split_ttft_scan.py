@@ -1,7 +1,10 @@
 """Which stored runs the planner's TTFT rule (`mixed_past_split_ttft`) would have changed:
 for each run directory, the P95 TTFT of the calls finished in a trailing window at each
 planner tick while the cluster was split (no mixed node, some prefill node), and how
-many ticks passed the target. A run with no such tick plans the same with the rule on.
+many ticks passed the target, read as the planner reads it (nearest-rank P95 of every
+call finished in the window, however few). Roles are sampled every `sample_interval_s`
+and the ticks' phase is the script's, so a run with no such tick plans the same with the
+rule on only to that resolution.
 
     .venv/bin/python benchmarks/split_ttft_scan.py runs/*/runs/evolving*
     .venv/bin/python benchmarks/split_ttft_scan.py runs/x/runs/evolving__seed0 --target-s 1
@@ -37,7 +40,6 @@ def scan_run(
     target_s: float = 2.0,
     window_s: float = 30.0,
     tick_s: float = 5.0,
-    min_calls: int = 20,
 ) -> Scan:
     records = np.load(run / "records.npz")
     samples = json.loads((run / "timeseries.json").read_text())
@@ -57,9 +59,10 @@ def scan_run(
             continue
         lo = int(np.searchsorted(finish_s, now_s - window_s))
         hi = int(np.searchsorted(finish_s, now_s, side="right"))
-        if hi - lo < min_calls:
+        if hi == lo:
             continue
-        p95 = float(np.percentile(ttft_s[lo:hi], 95))
+        # nearest rank, as `EvolvingPlanner._observed_ttft_p95_s`
+        p95 = float(np.percentile(ttft_s[lo:hi], 95, method="inverted_cdf"))
         worst = max(worst, p95)
         if p95 > target_s:
             num_past += 1
