@@ -197,3 +197,29 @@ def test_plan_keeps_a_split_near_the_boundary_instead_of_flipping() -> None:
     p.need = (13.6, 2.4)
     moved = p.plan(cluster(*nodes), 30.0) + p.plan(cluster(*nodes), 35.0)
     assert [c.new_role for c in moved] == [Role.PREFILL]
+
+
+def test_remote_decode_counts_the_prefill_queued_on_a_mixed_decode_node() -> None:
+    """A mixed node with few decodes but a long prefill queue: the chunks it works through
+    ride in every step a request handed to it decodes in. Counted (`remote_decode_stall`),
+    the request decodes where it prefills; a queue that drains while the request itself
+    prefills costs nothing."""
+    # 255 decode steps expected (the table's default): 3.4 s at node 0's 21 decodes, 2.6 s
+    # at node 1's one
+    view = cluster(
+        FakeNode(0, Role.MIXED, num_running_decodes=20),
+        FakeNode(1, Role.MIXED, num_waiting_prefill_tokens=20_000),  # 2 s of prefill
+    )
+    req = request(62, extra_tokens=8)  # 1,000 uncached tokens: 0.1 s to prefill
+    plain = EvolvingRouter(SessionTable(), RATES, RouterConfig())
+    route = plain.route(req, view, 0.0)
+    assert (route.prefill_node, route.decode_node) == (0, 1)
+    stall = EvolvingRouter(SessionTable(), RATES, RouterConfig(remote_decode_stall=True))
+    route = stall.route(req, view, 0.0)
+    assert (route.prefill_node, route.decode_node) == (0, 0)
+    short_queue = cluster(
+        FakeNode(0, Role.MIXED, num_running_decodes=20),
+        FakeNode(1, Role.MIXED, num_waiting_prefill_tokens=1_000),  # 0.1 s
+    )
+    route = stall.route(request(312, extra_tokens=8), short_queue, 0.0)  # 0.5 s prefill
+    assert (route.prefill_node, route.decode_node) == (0, 1)

@@ -30,6 +30,7 @@ OPTIONS = (
     "min_dwell_s",
     "cold_start_s",
     "max_local_prefill_tokens",
+    "remote_decode_stall",
     "migrate_on_switch",
     "mixed_below_utilisation",
     "split_hysteresis",
@@ -129,6 +130,7 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
             max_local_prefill_tokens=get_int(
                 options, "max_local_prefill_tokens", 4096, min_value=0
             ),
+            remote_decode_stall=get_bool(options, "remote_decode_stall", False),
         ),
     )
     fraction = None

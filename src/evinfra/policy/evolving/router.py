@@ -28,9 +28,13 @@ class RouterConfig:
     max_local_prefill_tokens: int = 4096
     """Largest uncached prefill a decode-role node takes for a request it will decode."""
     kv_full_penalty_s: float = 30.0
+    """Added to a decode node that lacks KV room for the request (it would preempt)."""
     max_candidates: int = 8
     """Prefill placements predicted per request in clusters larger than this."""
-    """Added to a decode node that lacks KV room for the request (it would preempt)."""
+    remote_decode_stall: bool = False
+    """Count, for a mixed node decoding a request prefilled elsewhere, the prefill queued
+    there that its steps will still carry when the request arrives: each chunk lengthens
+    the steps the request decodes in."""
 
 
 _Choice = tuple[float, int, int, int | None]
@@ -150,18 +154,27 @@ class EvolvingRouter:
         request: Request,
         matches: dict[int, PrefixMatch],
         dcost: dict[int, float],
-    ) -> tuple[NodeView, float]:
-        """The decode node for a remote prefill, and its cost (decode time plus moving
-        the blocks it lacks)."""
+    ) -> tuple[NodeView, float, float]:
+        """The decode node for a remote prefill, its cost (decode time plus moving the
+        blocks it lacks) and the prefill queued there (s) that its steps will carry."""
         num_blocks = num_blocks_for(request.num_prompt_tokens, decoders[0].block_size)
-        best: tuple[float, int, NodeView] | None = None
+        best: tuple[float, int, NodeView, float, float] | None = None
         for n in decoders:
             move = self.rates.transfer_s(num_blocks - matches[n.node_id].num_device_blocks)
-            key = (move + dcost[n.node_id], n.node_id, n)
+            stall = self._queued_prefill_s(n)
+            cost = move + dcost[n.node_id]
+            key = (cost + stall, n.node_id, n, cost, stall)
             if best is None or key[:2] < best[:2]:
                 best = key
         assert best is not None
-        return best[2], best[0]
+        return best[2], best[3], best[4]
+
+    def _queued_prefill_s(self, node: NodeView) -> float:
+        """Prefill queued on a mixed node: its chunks ride in the steps a request handed
+        to it decodes in (0 unless `remote_decode_stall`)."""
+        if not self.config.remote_decode_stall or node.role is not Role.MIXED:
+            return 0.0
+        return self.rates.prefill_s(node.num_waiting_prefill_tokens)
 
     def _evaluate(
         self,
@@ -170,7 +183,7 @@ class EvolvingRouter:
         match: PrefixMatch,
         holder: NodeView,
         holder_blocks: int,
-        remote: tuple[NodeView, float],
+        remote: tuple[NodeView, float, float],
         dcost: dict[int, float],
     ) -> _Choice | None:
         rates, bs = self.rates, node.block_size
@@ -198,10 +211,11 @@ class EvolvingRouter:
                     / max(rates.max_num_seqs, 1)
                 )
             local = (local_cost, node.node_id, node.node_id, pull_from)
-        dec, dec_cost = remote
+        dec, dec_cost, dec_stall_s = remote
         if dec is node or node.role is Role.DECODE:
             return local
-        remote_cost = ttft_s + dec_cost
+        # the decode node works through its queue while this request prefills
+        remote_cost = ttft_s + dec_cost + max(dec_stall_s - ttft_s, 0.0)
         if local is None or remote_cost < local[0]:
             return (remote_cost, node.node_id, dec.node_id, pull_from)
         return local
