@@ -119,7 +119,7 @@ class EvolvingPlanner:
     _plan_s: float = 0.0
     """The time of the plan being made."""
     _left_split_s: float = -math.inf
-    """When a split was last left on its observed TPOT (`_mixed_past_split_itl`)."""
+    """When a split was last left on its observed TPOT or TTFT (`_mixed_past_split_latency`)."""
 
     @property
     def interval_s(self) -> float:
@@ -241,7 +241,7 @@ class EvolvingPlanner:
         prefill's share of the work rounds to no node, the running decodes' KV would
         not fit on the split's decode nodes, or no split carries the load, or the split in
         force serves calls past the ITL target, where every node mixed is predicted to
-        carry it (`_mixed_past_split_capacity`, `_mixed_past_split_itl`)."""
+        carry it (`_mixed_past_split_capacity`, `_mixed_past_split_latency`)."""
         threshold = self.config.mixed_below_utilisation
         if self._split:
             threshold *= 0.8  # a band, so load near the threshold does not flap the roles
@@ -263,7 +263,7 @@ class EvolvingPlanner:
         if mixing and self._mixed_past_split_capacity(num_nodes, current_p is not None):
             self._split = False
             return 0, 0, num_nodes
-        if mixing and self._mixed_past_split_itl(num_nodes, current_p is not None):
+        if mixing and self._mixed_past_split_latency(num_nodes, current_p is not None):
             self._split = False
             return 0, 0, num_nodes
         # the latency rule keeps nodes mixed but never leaves a split in force: under a
@@ -341,7 +341,7 @@ class EvolvingPlanner:
             return 0.0
         return ttfts[min(len(ttfts) - 1, math.ceil(0.95 * len(ttfts)) - 1)]
 
-    def _mixed_past_split_itl(self, num_nodes: int, split: bool) -> bool:
+    def _mixed_past_split_latency(self, num_nodes: int, split: bool) -> bool:
         """A split in force serves calls slower than the ITL target (observed mean TPOT)
         or, with `mixed_past_split_ttft`, past the TTFT target (observed P95 TTFT), or one
         was left so within `capacity_window_s`, and every node mixed is predicted
