@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from evinfra.costmodel.node import NodeSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,3 +62,19 @@ class CostModel(Protocol):
         `num_seqs` sequences whose contexts sum to `num_context_tokens` at the start
         (`num_kv_tokens` in the device KV at the start). The simulator advances a batch
         to its next event with one call; implementations may use a closed form."""
+
+
+class NodeKV:
+    """`CostModel`'s two KV figures as its node gives them: the device capacity left after
+    weights and the bytes a token occupies. A base for cost models that size KV no other
+    way."""
+
+    node: NodeSpec
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.node.kv_capacity_tokens
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.node.device_kv_bytes_per_token

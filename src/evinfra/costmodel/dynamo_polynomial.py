@@ -27,7 +27,7 @@ import enum
 import numpy as np
 import numpy.typing as npt
 
-from evinfra.costmodel.base import BatchShape
+from evinfra.costmodel.base import BatchShape, NodeKV
 from evinfra.costmodel.node import NodeSpec
 
 PREFILL_MS_COEFFS = (16.50142, 0.01518344, 4.209989e-7)  # a + b*T + c*T^2
@@ -62,7 +62,7 @@ def decode_ms(utilisation: npt.ArrayLike) -> npt.NDArray[np.float64]:
     return np.maximum(MIN_DECODE_MS, c * u * u + b * u + a)
 
 
-class DynamoPolynomialCostModel:
+class DynamoPolynomialCostModel(NodeKV):
     """Implements `CostModel` with Dynamo's mocker timing, for side-by-side runs."""
 
     def __init__(
@@ -86,10 +86,6 @@ class DynamoPolynomialCostModel:
     @property
     def kv_capacity_tokens(self) -> int:
         return self._kv_capacity_tokens
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return self.node.device_kv_bytes_per_token
 
     def _active_tokens(self, context_tokens: int, kv_tokens: int) -> int:
         if self.utilisation_source is UtilisationSource.KV_IN_USE:

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from evinfra.costmodel.base import BatchShape
+from evinfra.costmodel.base import BatchShape, NodeKV
 from evinfra.costmodel.node import NodeSpec
 
 FloatArray = npt.NDArray[np.float64]
@@ -107,7 +107,7 @@ class ProfileTable:
         return cls.from_json(Path(path).read_text())
 
 
-class ProfileCostModel:
+class ProfileCostModel(NodeKV):
     """Implements `CostModel` from a `ProfileTable`; capacity and KV size from the node."""
 
     def __init__(self, node: NodeSpec, table: ProfileTable) -> None:
@@ -122,14 +122,6 @@ class ProfileCostModel:
     @classmethod
     def from_json(cls, path: str | Path, node: NodeSpec) -> ProfileCostModel:
         return cls(node, ProfileTable.load(path))
-
-    @property
-    def kv_capacity_tokens(self) -> int:
-        return self.node.kv_capacity_tokens
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return self.node.device_kv_bytes_per_token
 
     def prefill_ms(self, num_new_tokens: int) -> float:
         if num_new_tokens <= 0:

@@ -36,7 +36,7 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from evinfra.costmodel.base import BatchShape, PrefillChunk
+from evinfra.costmodel.base import BatchShape, NodeKV, PrefillChunk
 from evinfra.costmodel.node import NodeSpec
 from evinfra.costmodel.spec import Dtype, dtype_bytes
 
@@ -107,7 +107,7 @@ class StepBreakdown:
         return max(parts, key=lambda k: parts[k])
 
 
-class RooflineCostModel:
+class RooflineCostModel(NodeKV):
     """Implements `CostModel` for one node."""
 
     def __init__(self, node: NodeSpec, efficiency: RooflineEfficiency | None = None) -> None:
@@ -153,14 +153,6 @@ class RooflineCostModel:
         self._fixed_s = eff.step_overhead_s + layers * eff.layer_overhead_s
 
     # ---- CostModel ----
-    @property
-    def kv_capacity_tokens(self) -> int:
-        return self.node.kv_capacity_tokens
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return self.node.device_kv_bytes_per_token
-
     def step_time_s(self, batch: BatchShape) -> float:
         """Seconds one engine step of `batch` takes (0 for an empty batch). In Python
         floats: the same operations as `_times` on one context, so the same bits."""
