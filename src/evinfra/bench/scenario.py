@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from evinfra.policy.bundle import available_systems
-from evinfra.sim.config import SimConfig
+from evinfra.sim.config import SimConfig, read_yaml
 
 QUICK_TIME_SCALE = 0.2
 """`--quick` runs this fraction of each run's duration and warm-up."""
@@ -205,13 +204,7 @@ def parse_scenario(data: Any, source: str = "scenario") -> Scenario:
 
 def load_scenario(path: str | Path) -> Scenario:
     p = Path(path)
-    if not p.is_file():
-        raise ScenarioError(f"scenario file {p} does not exist")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"scenario file {p} is not valid YAML: {exc}") from None
-    return parse_scenario(data, str(p))
+    return parse_scenario(read_yaml(p, "scenario", ScenarioError), str(p))
 
 
 def resolve_trace(trace: str, scenario_path: Path | None) -> str:

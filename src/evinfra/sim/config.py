@@ -103,17 +103,23 @@ def _format_error(err: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def read_yaml(path: Path, what: str, error: type[Exception]) -> Any:
+    """The parsed YAML file at `path`; `error` naming the file as `what` ("config",
+    "scenario") when it is missing or not YAML."""
+    if not path.is_file():
+        raise error(f"{what} file {path} does not exist")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise error(f"{what} file {path} is not valid YAML: {exc}") from None
+
+
 def load_config(path: str | Path | None, overrides: dict[str, Any]) -> SimConfig:
     """Read a YAML file (optional) and apply flag overrides (None values are ignored)."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {p} does not exist")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
+        loaded = read_yaml(p, "config", ConfigError)
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
