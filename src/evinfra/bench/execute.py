@@ -4,6 +4,9 @@ reused (`--resume`)."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import gc
 import time
 import traceback
 from collections import deque
@@ -42,12 +45,38 @@ def execute_run(spec: RunSpec, out: str) -> RunOutcome:
     try:
         result = run_sim(spec.config)
         save_run(Path(out), spec.run_id, result)
+        summary = result.summary
+        del result
     except Exception as exc:  # any failure of one run is reported, not raised
         tb = traceback.format_exc(limit=6)
         error = f"{type(exc).__name__}: {exc}\n{tb}"
         save_error(Path(out), spec.run_id, spec.config, error)
         return RunOutcome(spec.run_id, None, error, time.perf_counter() - start)
-    return RunOutcome(spec.run_id, result.summary, None, time.perf_counter() - start)
+    finally:
+        release_freed_memory()
+    return RunOutcome(spec.run_id, summary, None, time.perf_counter() - start)
+
+
+def release_freed_memory() -> None:
+    """Give the memory a finished run freed back to the system: a garbage collection, then
+    glibc's `malloc_trim`. Without it a process that runs one simulation after another
+    (`--jobs 1`, or a worker process) keeps about half of its largest run's memory: two
+    goodput searches at 128 GPUs held 10.7 and 13.4 GB after their overloaded runs ended,
+    and a 1,200 s GLM-5 run at 64 GPUs 979 MB of its 1,950 MB after `gc.collect()`, 425 MB
+    after the trim. Where there is no glibc, the collection alone."""
+    gc.collect()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        fn: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return fn
 
 
 def _fmt_duration(seconds: float) -> str:
