@@ -207,7 +207,7 @@ def test_release_gives_a_fragmented_heap_back() -> None:
     before = _rss_mb()
     execute.release_freed_memory()
     assert before - _rss_mb() > 100
-    assert len(kept) == 3125
+    del kept  # alive until here: the objects that keep the heap fragmented
 
 
 def test_each_run_releases_its_memory(
