@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from evinfra.bench.scenario import Scenario, ScenarioError, load_scenario
+from evinfra.bench.scenario import Scenario, ScenarioError, SystemEntry, load_scenario
 from evinfra.sim.config import ConfigError
 
 
@@ -40,8 +40,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "--systems",
         nargs="+",
         metavar="LABEL",
-        help="run only these of the scenario's systems, by label (e.g. --systems evolving"
-        " dynamo: the two a ratio needs)",
+        help="run only these systems: the scenario's, by label (e.g. --systems evolving"
+        " dynamo: the two a ratio needs), or any other known system by name, added with"
+        " default options (e.g. --systems evolving-ttft)",
     )
     p.add_argument(
         "--resume", action="store_true", help="reuse runs already stored in --out (same config)"
@@ -51,16 +52,25 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
 
 
 def only_systems(scenario: Scenario, labels: list[str]) -> Scenario:
-    """The scenario with only the systems of these labels, in the scenario's order."""
+    """The scenario with only the systems of these labels, in the scenario's order; a label
+    the scenario lacks that names a known system is added after them, with default
+    options."""
+    from evinfra.policy.bundle import available_systems
+
     known = scenario.labels
-    unknown = [x for x in labels if x not in known]
+    registered = set(available_systems())
+    unknown = [x for x in labels if x not in known and x not in registered]
     if unknown:
         raise ScenarioError(
-            f"--systems: {', '.join(unknown)} not in {scenario.name} (it has {', '.join(known)})"
+            f"--systems: {', '.join(unknown)} neither in {scenario.name} (it has"
+            f" {', '.join(known)}) nor a known system ({', '.join(sorted(registered))})"
         )
     if len(set(labels)) != len(labels):
         raise ScenarioError("--systems: duplicate label")
-    kept = [s for s, label in zip(scenario.systems, known, strict=True) if label in labels]
+    kept: list[str | SystemEntry] = [
+        s for s, label in zip(scenario.systems, known, strict=True) if label in labels
+    ]
+    kept += [x for x in labels if x not in known]
     return scenario.model_copy(update={"systems": kept})
 
 

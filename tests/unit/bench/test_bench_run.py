@@ -190,9 +190,26 @@ def test_cli_systems_subset(
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["dynamo__seed0", "oracle__seed0"]
     assert run_cli([*argv, "--systems", "evolving", "nope"]) == 2
     err = capsys.readouterr().err
-    assert "--systems: nope not in tiny (it has evolving, dynamo, oracle)" in err
+    assert "--systems: nope neither in tiny (it has evolving, dynamo, oracle) nor" in err
     assert run_cli([*argv, "--systems", "oracle", "oracle"]) == 2
     assert "--systems: duplicate label" in capsys.readouterr().err
+
+
+def test_cli_systems_adds_a_known_system_the_scenario_lacks(scenario_data: dict[str, Any]) -> None:
+    from evinfra.bench.cli import only_systems
+    from evinfra.bench.scenario import Scenario, SystemEntry
+
+    scenario_data["systems"] = [
+        "evolving",
+        "dynamo",
+        {"name": "evolving", "label": "slow", "system_options": {"planner": False}},
+    ]
+    scenario = Scenario.model_validate(scenario_data)
+    picked = only_systems(scenario, ["evolving-ttft", "slow", "dynamo"])
+    # the scenario's own in its order, then the added one with default options
+    assert picked.labels == ["dynamo", "slow", "evolving-ttft"]
+    assert picked.entries[2] == SystemEntry(name="evolving-ttft")
+    assert picked.entries[1].system_options == {"planner": False}
 
 
 def test_mooncake_trace_scenario_expands() -> None:

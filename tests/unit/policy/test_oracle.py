@@ -1,5 +1,6 @@
 """`oracle` (all mixed) and `oracle-split` (evolving's planner): unlimited KV, no planner
-unless split, and the split variant following evolving's PD split end to end."""
+unless split, and the split variant following evolving's PD split end to end; evolving's
+named presets (`evolving-ttft`) beside them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from evinfra.core.types import Role
 from evinfra.costmodel.node import NodeSpec
 from evinfra.costmodel.registry import make_cost_model
 from evinfra.policy.bundle import ClusterShape, make_system
+from evinfra.policy.evolving.planner import EvolvingPlanner
 from evinfra.sim.config import SimConfig
 from evinfra.sim.runner import run_sim
 
@@ -48,3 +50,15 @@ def test_split_oracle_switches_roles_where_evolving_does_and_the_mixed_one_never
     assert mixed["role_switches"] == 0
     # unlimited KV on top of evolving's decisions: no worse than evolving
     assert split["mean_e2e_s"] <= evolving["mean_e2e_s"] * 1.001
+
+
+def test_named_presets_set_their_options_and_options_still_override() -> None:
+    def ttft_rule(name: str, options: dict[str, object]) -> bool:
+        planner = make_system(name, SHAPE, options).planner
+        assert isinstance(planner, EvolvingPlanner)
+        return planner.config.mixed_past_split_ttft
+
+    assert not ttft_rule("evolving", {})
+    assert ttft_rule("evolving-ttft", {})
+    assert ttft_rule("evolving", {"mixed_past_split_ttft": True})
+    assert not ttft_rule("evolving-ttft", {"mixed_past_split_ttft": False})

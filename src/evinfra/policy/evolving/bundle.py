@@ -158,6 +158,9 @@ ABLATIONS: dict[str, dict[str, object]] = {
     "evolving-lru": {"agent_kv": False},
     "evolving-no-hints": {"use_hints": False},
     "evolving-no-pull": {"pull_prefix": False},
+    # the planner's rule on the observed TTFT, off by default until the searches it would
+    # change are rerun (docs/evolving.md)
+    "evolving-ttft": {"mixed_past_split_ttft": True},
 }
 
 
