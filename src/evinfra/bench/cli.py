@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from evinfra.bench.scenario import Scenario, ScenarioError, SystemEntry, load_scenario
+from evinfra.policy.bundle import available_systems
 from evinfra.sim.config import ConfigError
 
 
@@ -55,8 +56,6 @@ def only_systems(scenario: Scenario, labels: list[str]) -> Scenario:
     """The scenario with only the systems of these labels, in the scenario's order; a label
     the scenario lacks that names a known system is added after them, with default
     options."""
-    from evinfra.policy.bundle import available_systems
-
     known = scenario.labels
     registered = set(available_systems())
     unknown = [x for x in labels if x not in known and x not in registered]
