@@ -2,7 +2,7 @@
 
 from evinfra.core.types import AgentHints, Request, Role, SwitchMode
 from evinfra.policy.base import RequestFinished
-from evinfra.policy.evolving.planner import EvolvingPlanner, PlannerConfig
+from evinfra.policy.evolving.planner import EvolvingPlanner, PlannerConfig, mixed_layout
 from evinfra.policy.evolving.rates import NodeRates
 from evinfra.policy.evolving.router import EvolvingRouter, RouterConfig
 from evinfra.policy.evolving.sessions import SessionTable
@@ -223,3 +223,45 @@ def test_remote_decode_counts_the_prefill_queued_on_a_mixed_decode_node() -> Non
     )
     route = stall.route(request(312, extra_tokens=8), short_queue, 0.0)  # 0.5 s prefill
     assert (route.prefill_node, route.decode_node) == (0, 1)
+
+
+def test_inflight_step_wait_sends_a_prefill_to_an_idle_prefill_node() -> None:
+    """Two mixed nodes each running 100 decodes and an idle prefill node: a prefill on a
+    mixed node first waits for its step in flight (half of a 24 ms step); counted, the
+    prefill-only node wins, moving the KV back (2 ms) instead; not counted, it stays local."""
+    view = cluster(
+        FakeNode(0, Role.PREFILL),
+        FakeNode(1, Role.MIXED, num_running_decodes=100),
+        FakeNode(2, Role.MIXED, num_running_decodes=100),
+    )
+    req = request(60, extra_tokens=8)
+    plain = EvolvingRouter(SessionTable(), RATES, RouterConfig()).route(req, view, 0.0)
+    assert plain.prefill_node == plain.decode_node != 0
+    waits = EvolvingRouter(SessionTable(), RATES, RouterConfig(inflight_step_wait=True))
+    route = waits.route(req, view, 0.0)
+    assert route.prefill_node == 0 and route.decode_node in (1, 2)
+    idle = cluster(FakeNode(0, Role.PREFILL), FakeNode(1, Role.MIXED), FakeNode(2, Role.MIXED))
+    # no decodes running: no step in flight to wait for, so the local prefill wins again
+    route = waits.route(req, idle, 0.0)
+    assert route.prefill_node == route.decode_node != 0
+
+
+def test_mixed_prefill_fraction_keeps_some_nodes_prefill_only_under_light_load() -> None:
+    assert mixed_layout(8, 0.25) == (2, 0, 6)
+    assert mixed_layout(8, 0.0) == (0, 0, 8)
+    assert mixed_layout(4, 1.0) == (3, 0, 1)  # at least one node left mixed
+    assert mixed_layout(1, 0.5) == (0, 0, 1)
+    p = planner(mixed_prefill_fraction=0.25, max_switches_per_tick=8)
+    nodes = [FakeNode(i, Role.PREFILL if i < 4 else Role.DECODE) for i in range(8)]
+    for t in range(30):
+        p.observe(finished(float(t), prompt=1000, cached_tokens=900, out=300))
+    p.plan(cluster(*nodes), 30.0)
+    changes = p.plan(cluster(*nodes), 35.0)
+    after = {n.node_id: n.role for n in nodes} | {c.node_id: c.new_role for c in changes}
+    roles = sorted(r.value for r in after.values())
+    assert roles == ["mixed"] * 6 + ["prefill"] * 2
+    # the layout holds: planned again, nothing moves
+    hybrid = [FakeNode(i, r) for i, r in after.items()]
+    p.observe(finished(36.0, prompt=1000, cached_tokens=900, out=300))
+    assert p.plan(cluster(*hybrid), 40.0) == []
+    assert p.plan(cluster(*hybrid), 45.0) == []

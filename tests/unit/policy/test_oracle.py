@@ -62,3 +62,13 @@ def test_named_presets_set_their_options_and_options_still_override() -> None:
     assert ttft_rule("evolving-ttft", {})
     assert ttft_rule("evolving", {"mixed_past_split_ttft": True})
     assert not ttft_rule("evolving-ttft", {"mixed_past_split_ttft": False})
+
+
+def test_hybrid_preset_starts_with_a_quarter_of_the_nodes_prefill_only() -> None:
+    bundle = make_system("evolving-hybrid", SHAPE, {})
+    assert bundle.initial_roles == [Role.PREFILL] + [Role.MIXED] * 3
+    assert isinstance(bundle.planner, EvolvingPlanner)
+    assert bundle.planner.config.mixed_prefill_fraction == 0.25
+    assert make_system("evolving", SHAPE, {}).initial_roles == [Role.MIXED] * 4
+    with pytest.raises(ValueError, match="mixed_prefill_fraction"):
+        make_system("evolving", SHAPE, {"mixed_prefill_fraction": 1.5})

@@ -9,7 +9,7 @@ from evinfra.core.types import Role, SwitchMode
 from evinfra.policy.bundle import ClusterShape, SystemBundle, register
 from evinfra.policy.dynamo.options import check_known, get_bool, get_float, get_int
 from evinfra.policy.evolving.kv_manager import AgentKVManager, KVManagerConfig
-from evinfra.policy.evolving.planner import EvolvingPlanner, PlannerConfig
+from evinfra.policy.evolving.planner import EvolvingPlanner, PlannerConfig, mixed_layout
 from evinfra.policy.evolving.rates import NodeRates, node_rates
 from evinfra.policy.evolving.router import EvolvingRouter, RouterConfig
 from evinfra.policy.evolving.sessions import SessionTable
@@ -31,6 +31,8 @@ OPTIONS = (
     "cold_start_s",
     "max_local_prefill_tokens",
     "remote_decode_stall",
+    "inflight_step_wait",
+    "mixed_prefill_fraction",
     "migrate_on_switch",
     "mixed_below_utilisation",
     "split_hysteresis",
@@ -81,6 +83,7 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
     table = SessionTable(use_hints=get_bool(options, "use_hints", True))
     in_place = get_bool(options, "in_place_switch", True)
     mode = SwitchMode.IN_PLACE if in_place else SwitchMode.RESTART
+    mixed_prefill = get_float(options, "mixed_prefill_fraction", 0.0, min_value=0.0, max_value=1.0)
     planner = None
     if get_bool(options, "planner", True):
         planner = EvolvingPlanner(
@@ -105,6 +108,7 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
                 mixed_past_split_ttft=get_bool(options, "mixed_past_split_ttft", False),
                 ttft_target_s=get_float(options, "ttft_target_s", 2.0, min_value=0.001),
                 split_by_latency=get_bool(options, "split_by_latency", False),
+                mixed_prefill_fraction=mixed_prefill,
                 switch_mode=mode,
             ),
         )
@@ -131,16 +135,21 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
                 options, "max_local_prefill_tokens", 4096, min_value=0
             ),
             remote_decode_stall=get_bool(options, "remote_decode_stall", False),
+            inflight_step_wait=get_bool(options, "inflight_step_wait", False),
         ),
     )
     fraction = None
     if options.get("initial_prefill_fraction") is not None:
         fraction = get_float(options, "initial_prefill_fraction", 0.5, min_value=0.0, max_value=1.0)
+    roles = initial_roles(shape.num_nodes, fraction)
+    if fraction is None and mixed_prefill > 0:
+        p, _, m = mixed_layout(shape.num_nodes, mixed_prefill)
+        roles = [Role.PREFILL] * p + [Role.MIXED] * m
     return SystemBundle(
         name=name,
         router=router,
         kv_manager=kv,
-        initial_roles=initial_roles(shape.num_nodes, fraction),
+        initial_roles=roles,
         planner=planner,
         switch_mode=mode,
         cold_start_s=get_float(options, "cold_start_s", 300.0, min_value=0.0),
@@ -161,6 +170,9 @@ ABLATIONS: dict[str, dict[str, object]] = {
     # the planner's rule on the observed TTFT, off by default until the searches it would
     # change are rerun (docs/evolving.md)
     "evolving-ttft": {"mixed_past_split_ttft": True},
+    # a quarter of the nodes prefill-only where the planner would mix them all: P95 TTFT
+    # at light load against a little mean e2e (benchmarks/README.md)
+    "evolving-hybrid": {"mixed_prefill_fraction": 0.25, "inflight_step_wait": True},
 }
 
 

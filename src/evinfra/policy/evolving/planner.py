@@ -87,7 +87,21 @@ class PlannerConfig:
     split_hysteresis: float = 0.05
     """A split keeps its prefill count while the busier pool's load is within this
     fraction of the best count's, so demand near a boundary does not flip a node."""
+    mixed_prefill_fraction: float = 0.0
+    """The share of nodes kept prefill-only (rounded, at least one node left mixed) while
+    the rest run mixed, where the planner would make every node mixed. A prefill that
+    lands on a node running decodes first waits for the step in flight; a prefill-only
+    node has none, so long uncached prompts start at once there (the router sees that wait
+    with `inflight_step_wait`). 0: every node mixed, the default."""
     switch_mode: SwitchMode = SwitchMode.IN_PLACE
+
+
+def mixed_layout(num_nodes: int, prefill_fraction: float) -> tuple[int, int, int]:
+    """(prefill, decode, mixed) nodes of the layout the planner calls mixed: every node
+    mixed, or `prefill_fraction` of them (rounded, at least one node left mixed)
+    prefill-only."""
+    p = min(round(num_nodes * prefill_fraction), num_nodes - 1) if num_nodes > 1 else 0
+    return p, 0, num_nodes - p
 
 
 @dataclass(slots=True)
@@ -241,13 +255,13 @@ class EvolvingPlanner:
         prefill's share of the work rounds to no node, the running decodes' KV would
         not fit on the split's decode nodes, or no split carries the load, or the split in
         force serves calls past the ITL target, where every node mixed is predicted to
-        carry it (`_mixed_past_split_capacity`, `_mixed_past_split_latency`)."""
+        carry it (`_mixed_past_split_capacity`, `_mixed_past_split_latency`). The mixed
+        layout keeps `mixed_prefill_fraction` of the nodes prefill-only."""
         threshold = self.config.mixed_below_utilisation
         if self._split:
             threshold *= 0.8  # a band, so load near the threshold does not flap the roles
         if num_nodes <= 1 or (need_p + need_d) / num_nodes < threshold:
-            self._split = False
-            return 0, 0, num_nodes
+            return self._mixed_layout(num_nodes)
         p = self.target_prefill_nodes(need_p, need_d, num_nodes, current_p)
         if self.config.split_by_latency and self._load is not None:
             p = self._fastest_prefill_nodes(self._load, num_nodes, current_p, p)
@@ -258,24 +272,24 @@ class EvolvingPlanner:
             # fraction of one's work and take it from decode; or the running decodes' KV
             # would not fit on the split's decode nodes, where mixed nodes hold it
             # together (hand-offs would queue for KV room)
-            self._split = False
-            return 0, 0, num_nodes
+            return self._mixed_layout(num_nodes)
         if mixing and self._mixed_past_split_capacity(num_nodes, current_p is not None):
-            self._split = False
-            return 0, 0, num_nodes
+            return self._mixed_layout(num_nodes)
         if mixing and self._mixed_past_split_latency(num_nodes, current_p is not None):
-            self._split = False
-            return 0, 0, num_nodes
+            return self._mixed_layout(num_nodes)
         # the latency rule keeps nodes mixed but never leaves a split in force: under a
         # split its inputs (prefill queues, small prefills on decode nodes) are the
         # split's own, and leaving on them flapped GLM-5 computer-use at 64 GPUs between
         # 6/2 and all mixed every 50 s; a split is left when load falls below the band,
         # past the split's capacity or past the ITL target (above)
         if mixing and current_p is None and self._mixing_is_faster(p, num_nodes):
-            self._split = False
-            return 0, 0, num_nodes
+            return self._mixed_layout(num_nodes)
         self._split = True
         return p, num_nodes - p, 0
+
+    def _mixed_layout(self, num_nodes: int) -> tuple[int, int, int]:
+        self._split = False
+        return mixed_layout(num_nodes, self.config.mixed_prefill_fraction)
 
     def _fastest_prefill_nodes(
         self, load: ObservedLoad, num_nodes: int, current_p: int | None, fallback: int

@@ -35,6 +35,11 @@ class RouterConfig:
     """Count, for a mixed node decoding a request prefilled elsewhere, the prefill queued
     there that its steps will still carry when the request arrives: each chunk lengthens
     the steps the request decodes in."""
+    inflight_step_wait: bool = False
+    """Count, for a prefill on a node running decodes, the wait for the step in flight
+    (half a decode step at its batch, on average): a prefill-only or idle node starts it at
+    once. With prefill-only nodes beside mixed ones (the planner's
+    `mixed_prefill_fraction`) this is what sends long prompts to them."""
 
 
 _Choice = tuple[float, int, int, int | None]
@@ -199,6 +204,8 @@ class EvolvingRouter:
         if node.role is Role.DECODE and uncached > self.config.max_local_prefill_tokens:
             return None
         queue_s = rates.prefill_s(node.num_waiting_prefill_tokens)
+        if self.config.inflight_step_wait and node.num_running_decodes > 0:
+            queue_s += 0.5 * rates.decode_step_s(node.num_running_decodes)
         ttft_s = queue_s + pull_s + rates.prefill_s(uncached)
         local: _Choice | None = None
         if node.role is not Role.PREFILL:
