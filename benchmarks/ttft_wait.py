@@ -5,12 +5,12 @@ each system of a scenario at one of its points.
     .venv/bin/python benchmarks/ttft_wait.py benchmarks/light-load-kimi-k2-mixed.yaml --at 3
 
 Runs each of the scenario's systems once (its first seed, or `--seed`) with `run_sim` and
-reads the request records (calls that arrived between warm-up and the end of the window,
-as the summaries count them). A call's own
-prefill is its uncached tokens in chunks of the step budget, each timed by the run's cost
-model on top of the context before it, with nothing else in the step; the wait is its
-TTFT less that (negative where the cost model's own batch is cheaper than the sum of its
-chunks). The question it answers: is a system's TTFT tail its prefill work or its wait?
+reads the request records (calls that arrived between warm-up and the end of the window
+and finished, as the summaries count them). A call's own prefill is its uncached tokens
+in chunks of the step budget, each timed by the run's cost model on top of the context
+before it, with nothing else in the step; the wait is its TTFT less that (negative where
+the cost model's own batch is cheaper than the sum of its chunks). The question it
+answers: is a system's TTFT tail its prefill work or its wait?
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from evinfra.costmodel.base import BatchShape, CostModel, PrefillChunk
 from evinfra.costmodel.registry import make_cost_model
 from evinfra.sim.config import SimConfig
 from evinfra.sim.metrics import RequestRecord
-from evinfra.sim.runner import build_node_spec, run_sim
+from evinfra.sim.runner import run_sim
 
 
 def own_prefill_s(cost: CostModel, record: RequestRecord, chunk_tokens: int) -> float:
@@ -46,30 +46,30 @@ def own_prefill_s(cost: CostModel, record: RequestRecord, chunk_tokens: int) -> 
 def rows(cfg: SimConfig) -> list[tuple[str, int, float, float, float, float, float]]:
     """Per kind (and all calls): count, P50 / P95 TTFT, mean own prefill, P50 / P95 wait."""
     result = run_sim(cfg)
-    cost = make_cost_model(cfg.cost_model, build_node_spec(cfg), **cfg.cost_options)
+    cost = make_cost_model(cfg.cost_model, result.node_spec, **cfg.cost_options)
     records = [
         r
         for r in result.metrics.records.values()
-        if cfg.warmup_s <= r.arrival_s < cfg.duration_s and r.ttft_s is not None
+        if cfg.warmup_s <= r.arrival_s < cfg.duration_s and r.finish_s is not None
     ]
+    kind = np.array([r.kind for r in records])
+    ttft = np.array([r.ttft_s for r in records], dtype=float)
+    own = np.array([own_prefill_s(cost, r, cfg.max_num_batched_tokens) for r in records])
+    wait = ttft - own
     out = []
-    kinds = sorted({r.kind for r in records})
-    for kind in [*kinds, "all"]:
-        chosen = [r for r in records if kind in ("all", r.kind)]
-        if not chosen:
+    for name in [*sorted(set(kind.tolist())), "all"]:
+        chosen = np.ones(len(records), dtype=bool) if name == "all" else kind == name
+        if not chosen.any():
             continue
-        ttft = np.array([r.ttft_s for r in chosen], dtype=float)
-        own = np.array([own_prefill_s(cost, r, cfg.max_num_batched_tokens) for r in chosen])
-        wait = ttft - own
         out.append(
             (
-                kind,
-                len(chosen),
-                float(np.percentile(ttft, 50)),
-                float(np.percentile(ttft, 95)),
-                float(own.mean()),
-                float(np.percentile(wait, 50)),
-                float(np.percentile(wait, 95)),
+                name,
+                int(chosen.sum()),
+                float(np.percentile(ttft[chosen], 50)),
+                float(np.percentile(ttft[chosen], 95)),
+                float(own[chosen].mean()),
+                float(np.percentile(wait[chosen], 50)),
+                float(np.percentile(wait[chosen], 95)),
             )
         )
     return out

@@ -48,11 +48,17 @@ OPTIONS = (
 )
 
 
-def initial_roles(num_nodes: int, prefill_fraction: float | None) -> list[Role]:
-    """Every node mixed (no prefill fraction: the planner splits when load demands it),
-    or a split with that share of prefill nodes."""
-    if num_nodes == 1 or prefill_fraction is None:
-        return [Role.MIXED] * num_nodes
+def initial_roles(
+    num_nodes: int, prefill_fraction: float | None, mixed_prefill_fraction: float = 0.0
+) -> list[Role]:
+    """The planner's mixed layout (no prefill fraction: the planner splits when load
+    demands it; every node mixed, or `mixed_prefill_fraction` of them prefill-only), or a
+    split with that share of prefill nodes."""
+    if prefill_fraction is None:
+        p, _, m = mixed_layout(num_nodes, mixed_prefill_fraction)
+        return [Role.PREFILL] * p + [Role.MIXED] * m
+    if num_nodes == 1:
+        return [Role.MIXED]
     num_prefill = min(max(round(num_nodes * prefill_fraction), 1), num_nodes - 1)
     return [Role.PREFILL] * num_prefill + [Role.DECODE] * (num_nodes - num_prefill)
 
@@ -141,15 +147,11 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
     fraction = None
     if options.get("initial_prefill_fraction") is not None:
         fraction = get_float(options, "initial_prefill_fraction", 0.5, min_value=0.0, max_value=1.0)
-    roles = initial_roles(shape.num_nodes, fraction)
-    if fraction is None and mixed_prefill > 0:
-        p, _, m = mixed_layout(shape.num_nodes, mixed_prefill)
-        roles = [Role.PREFILL] * p + [Role.MIXED] * m
     return SystemBundle(
         name=name,
         router=router,
         kv_manager=kv,
-        initial_roles=roles,
+        initial_roles=initial_roles(shape.num_nodes, fraction, mixed_prefill),
         planner=planner,
         switch_mode=mode,
         cold_start_s=get_float(options, "cold_start_s", 300.0, min_value=0.0),
