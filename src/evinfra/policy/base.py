@@ -66,6 +66,17 @@ def match_all(view: ClusterView, hashes: Sequence[int]) -> dict[int, PrefixMatch
     return {n.node_id: n.match_prefix(hashes) for n in view.nodes}
 
 
+def step_remaining_s(view: ClusterView, node_id: int, now_s: float) -> float | None:
+    """How long until the step in flight on a node ends, where new work joins: from the
+    view's `step_remaining_s` when it has one (the simulator knows each step's end; a
+    server would read the start and predicted length each node reports), else None."""
+    known = getattr(view, "step_remaining_s", None)
+    if known is None:
+        return None
+    remaining: float | None = known(node_id, now_s)
+    return remaining
+
+
 class Router(Protocol):
     def route(self, request: Request, view: ClusterView, now_s: float) -> Route:
         """Choose the prefill and decode nodes for `request`. May update the router's

@@ -217,6 +217,9 @@ class NodeStats:
     num_steps: int
     num_pending_incoming: int
     busy_s: float
+    last_step_s: float = 0.0
+    """How long the node's last step ran (0 before its first): the frontend reads where a
+    busy node's steps stand from it and the snapshot's arrival (`ClusterState`)."""
 
 
 @dataclass(frozen=True, slots=True)

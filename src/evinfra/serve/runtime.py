@@ -296,7 +296,7 @@ class LocalCluster:
             self._on_tokens(msg)
         elif isinstance(msg, NodeStats):
             if msg.node_id < len(self.nodes):
-                self.nodes[msg.node_id].update(msg)
+                self.nodes[msg.node_id].update(msg, self.now_s())
         elif isinstance(msg, RequestFailed):
             live = self._live.get(msg.request_id)
             if live is not None:

@@ -40,9 +40,12 @@ class NodeState:
     role_override: Role | None = None
     serving_override: bool | None = None
     override_seq: int = 0
+    received_s: float = 0.0
+    """When the frontend received `stats` (its own clock)."""
 
-    def update(self, stats: NodeStats) -> None:
+    def update(self, stats: NodeStats, received_s: float) -> None:
         self.stats = stats
+        self.received_s = received_s
         self.sent = [s for s in self.sent if s.submit_seq > stats.last_submit_seq]
         if stats.last_control_seq >= self.override_seq:
             self.role_override = None
@@ -137,3 +140,14 @@ class ClusterState:
     @property
     def nodes(self) -> Sequence[NodeState]:
         return self._nodes
+
+    def step_remaining_s(self, node_id: int, now_s: float) -> float | None:
+        """Where a node running decodes stands in its step, estimated: a worker publishes
+        between steps and starts the next one at once, so its steps are taken to run back
+        to back, each as long as its last, from the snapshot's arrival. None (unknown)
+        for a node that is not decoding or has not stepped yet."""
+        node = self._nodes[node_id]
+        length_s = node.stats.last_step_s
+        if length_s <= 0 or node.num_running_decodes == 0:
+            return None
+        return length_s - (max(now_s - node.received_s, 0.0) % length_s)

@@ -149,6 +149,7 @@ class NodeWorker:
         self._last_control_seq = 0
         self._num_steps = 0
         self._busy_s = 0.0
+        self._last_step_s = 0.0
         self._stop = False
         self._restart_role: Role | None = None
         self._cold_start_s = 0.0
@@ -455,7 +456,8 @@ class NodeWorker:
         except Exception as exc:  # a model error fails the step's requests, not the node
             self._fail_plan(plan, f"executor error: {exc!r}")
             return True
-        self._busy_s += time.perf_counter() - start
+        self._last_step_s = time.perf_counter() - start
+        self._busy_s += self._last_step_s
         self._num_steps += 1
         stopped: set[int] = set()
         new_tokens: dict[int, int] = {}
@@ -614,6 +616,7 @@ class NodeWorker:
             num_steps=self._num_steps,
             num_pending_incoming=len(self.pending_incoming),
             busy_s=self._busy_s,
+            last_step_s=self._last_step_s,
         )
 
 

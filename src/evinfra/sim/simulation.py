@@ -42,9 +42,13 @@ Progress = Callable[[float, int], None]
 """(simulated seconds, events processed)."""
 
 
-class _View:
-    def __init__(self, nodes: Seq[NodeView], index: GlobalBlockIndex) -> None:
-        self._nodes = nodes
+class SimView:
+    """What the policies read of the simulated cluster: the schedulers, the global block
+    index and, for a router that asks, where each node's step in flight stands."""
+
+    def __init__(self, sim_nodes: Seq[SimNode], index: GlobalBlockIndex) -> None:
+        self._sim_nodes = sim_nodes
+        self._nodes: Seq[NodeView] = [n.sched for n in sim_nodes]
         self._index = index
 
     @property
@@ -54,6 +58,18 @@ class _View:
     def match_prefix_all(self, hashes: Seq[int]) -> list[PrefixMatch]:
         """Every node's prefix match, in node order, from the global block index."""
         return self._index.match_all(hashes)
+
+    def step_remaining_s(self, node_id: int, now_s: float) -> float:
+        """Time until the node's step in flight ends and new work can join (0 when idle);
+        within a decode run, the end of the step in progress."""
+        node = self._sim_nodes[node_id]
+        step = node.step
+        if step is None:
+            return 0.0
+        end_s = step.end_s
+        if step.plan is not None and step.num_steps > 1:
+            end_s = step.start_s + node.run_time_of(step, node.steps_done_by(step, now_s))
+        return max(end_s - now_s, 0.0)
 
 
 @dataclass(slots=True)
@@ -92,7 +108,7 @@ class Simulation:
         self.block_index = GlobalBlockIndex(len(nodes))
         for node in nodes:
             self.block_index.attach(node.sched.pool, node.node_id)
-        self.view: ClusterView = _View([n.sched for n in nodes], self.block_index)
+        self.view: ClusterView = SimView(nodes, self.block_index)
         self._arrivals: Iterator[SessionArrival] = workload.arrivals()
         self._inflight: dict[int, _Inflight] = {}
         self._next_request_id = 0

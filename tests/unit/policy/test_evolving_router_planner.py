@@ -1,5 +1,7 @@
 """The evolving router (placement by predicted latency) and the online PD planner."""
 
+from dataclasses import dataclass
+
 from evinfra.core.types import AgentHints, Request, Role, SwitchMode
 from evinfra.policy.base import RequestFinished
 from evinfra.policy.evolving.planner import EvolvingPlanner, PlannerConfig, mixed_layout
@@ -265,3 +267,34 @@ def test_mixed_prefill_fraction_keeps_some_nodes_prefill_only_under_light_load()
     p.observe(finished(36.0, prompt=1000, cached_tokens=900, out=300))
     assert p.plan(cluster(*hybrid), 40.0) == []
     assert p.plan(cluster(*hybrid), 45.0) == []
+
+
+@dataclass(frozen=True)
+class PhasedCluster:
+    """A cluster view that reports where each node's step in flight stands."""
+
+    nodes: tuple[FakeNode, ...]
+    remaining_s: dict[int, float]
+
+    def step_remaining_s(self, node_id: int, now_s: float) -> float:
+        return self.remaining_s[node_id]
+
+
+def test_step_phase_wait_sends_a_prefill_to_the_node_whose_step_ends_first() -> None:
+    """Two mixed nodes alike but for their steps in flight (20 ms left on node 0, 1 ms on
+    node 1): by the half-step estimate they tie and the lower id wins; with the phase the
+    prefill starts on node 1 19 ms sooner. A view without phases falls back to the
+    estimate."""
+    nodes = (
+        FakeNode(0, Role.MIXED, num_running_decodes=64),
+        FakeNode(1, Role.MIXED, num_running_decodes=64),
+    )
+    view = PhasedCluster(nodes, {0: 0.020, 1: 0.001})
+    req = request(60, extra_tokens=8)
+    half = EvolvingRouter(SessionTable(), RATES, RouterConfig(inflight_step_wait=True))
+    assert half.route(req, view, 0.0).prefill_node == 0
+    phase = RouterConfig(inflight_step_wait=True, step_phase_wait=True)
+    route = EvolvingRouter(SessionTable(), RATES, phase).route(req, view, 0.0)
+    assert (route.prefill_node, route.decode_node) == (1, 1)
+    blind = EvolvingRouter(SessionTable(), RATES, phase).route(req, cluster(*nodes), 0.0)
+    assert blind.prefill_node == 0

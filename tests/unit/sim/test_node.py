@@ -2,10 +2,12 @@ import random
 
 import pytest
 
+from evinfra.core.global_index import GlobalBlockIndex
 from evinfra.core.kv_pool import KVPool
-from evinfra.core.scheduler import NodeScheduler, SchedulerConfig
+from evinfra.core.scheduler import NodeScheduler, SchedulerConfig, StepPlan
 from evinfra.core.types import Role
 from evinfra.sim.node import SimNode, StepInFlight
+from evinfra.sim.simulation import SimView
 
 
 class RampCost:
@@ -64,3 +66,20 @@ def test_steps_done_by_agrees_with_bisection(ramp_s: float, floor_s: float) -> N
         # the end time of the run cut there is the cost model's, asked once
         assert node.run_time_of(step, want) == node.run_time_s((1, 1, 1), want)
     assert num_calls / 300 < 5  # bisection asks about log2(k), ~8 here
+
+
+def test_view_reports_the_time_left_in_the_step_in_flight() -> None:
+    """Idle: 0. One planned step: until its end. Within a decode run of 10 steps of 10,
+    11, 12, ... ms: until the end of the step in progress, where new work joins."""
+    node = make_node(RampCost(0.010, 0.001))
+    view = SimView([node], GlobalBlockIndex(1))
+    assert view.step_remaining_s(0, 3.0) == 0.0
+    node.step = StepInFlight(None, 3.0, 3.05, 1)
+    assert view.step_remaining_s(0, 3.01) == pytest.approx(0.04)
+    assert view.step_remaining_s(0, 3.2) == 0.0
+    dur = node.run_time_s((1, 1, 1), 10)
+    node.step = StepInFlight(StepPlan((), (), 0), 5.0, 5.0 + dur, 10, (1, 1, 1), {10: dur})
+    # steps end at 5.010, 5.021, 5.033: 5.025 is inside the third
+    assert view.step_remaining_s(0, 5.025) == pytest.approx(0.008)
+    assert view.step_remaining_s(0, 5.021) == pytest.approx(0.0)
+    assert view.step_remaining_s(0, 4.9) == pytest.approx(0.110)  # not started: its first

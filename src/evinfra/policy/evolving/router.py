@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from evinfra.core.blocks import num_blocks_for
 from evinfra.core.kv_pool import PrefixMatch
 from evinfra.core.types import Request, Role, Route
-from evinfra.policy.base import ClusterView, NodeView, match_all
+from evinfra.policy.base import ClusterView, NodeView, match_all, step_remaining_s
 from evinfra.policy.evolving.rates import NodeRates
 from evinfra.policy.evolving.sessions import SessionTable
 
@@ -40,6 +40,10 @@ class RouterConfig:
     (half a decode step at its batch, on average): a prefill-only or idle node starts it at
     once. With prefill-only nodes beside mixed ones (the planner's
     `mixed_prefill_fraction`) this is what sends long prompts to them."""
+    step_phase_wait: bool = False
+    """With `inflight_step_wait`, count the time left in each node's step in flight where
+    the cluster view reports it (`step_remaining_s`) instead of half a step: among mixed
+    nodes, a prefill goes to one whose step is about to end."""
 
 
 _Choice = tuple[float, int, int, int | None]
@@ -93,8 +97,9 @@ class EvolvingRouter:
         remote = self._best_remote_decoder(remote_decoders, request, matches, dcost)
         best: _Choice | None = None
         for node in candidates:
+            wait_s = self._step_wait_s(node, view, now_s)
             choice = self._evaluate(
-                node, request, matches[node.node_id], holder, holder_blocks, remote, dcost
+                node, request, matches[node.node_id], holder, holder_blocks, remote, dcost, wait_s
             )
             if choice is not None and (best is None or choice[0] < best[0]):
                 best = choice
@@ -174,6 +179,18 @@ class EvolvingRouter:
         assert best is not None
         return best[2], best[3], best[4]
 
+    def _step_wait_s(self, node: NodeView, view: ClusterView, now_s: float) -> float:
+        """The wait for the step in flight on a node running decodes before a prefill
+        can join (0 unless `inflight_step_wait`): what is left of it where the view
+        reports it and `step_phase_wait` is on, else half a decode step at its batch."""
+        if not self.config.inflight_step_wait or node.num_running_decodes == 0:
+            return 0.0
+        if self.config.step_phase_wait and node.num_waiting_prefill_tokens == 0:
+            left = step_remaining_s(view, node.node_id, now_s)
+            if left is not None:
+                return left
+        return 0.5 * self.rates.decode_step_s(node.num_running_decodes)
+
     def _queued_prefill_s(self, node: NodeView) -> float:
         """Prefill queued on a mixed node: its chunks ride in the steps a request handed
         to it decodes in (0 unless `remote_decode_stall`)."""
@@ -190,7 +207,9 @@ class EvolvingRouter:
         holder_blocks: int,
         remote: tuple[NodeView, float, float],
         dcost: dict[int, float],
+        wait_s: float,
     ) -> _Choice | None:
+        """`wait_s`: the wait for the node's step in flight (`_step_wait_s`)."""
         rates, bs = self.rates, node.block_size
         hit = match.num_blocks
         pull_from: int | None = None
@@ -203,9 +222,7 @@ class EvolvingRouter:
         uncached = max(request.num_prompt_tokens - hit * bs, 1)
         if node.role is Role.DECODE and uncached > self.config.max_local_prefill_tokens:
             return None
-        queue_s = rates.prefill_s(node.num_waiting_prefill_tokens)
-        if self.config.inflight_step_wait and node.num_running_decodes > 0:
-            queue_s += 0.5 * rates.decode_step_s(node.num_running_decodes)
+        queue_s = rates.prefill_s(node.num_waiting_prefill_tokens) + wait_s
         ttft_s = queue_s + pull_s + rates.prefill_s(uncached)
         local: _Choice | None = None
         if node.role is not Role.PREFILL:
