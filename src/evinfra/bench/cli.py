@@ -43,7 +43,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         metavar="LABEL",
         help="run only these systems: the scenario's, by label (e.g. --systems evolving"
         " dynamo: the two a ratio needs), or any other known system by name, added with"
-        " default options (e.g. --systems evolving-ttft)",
+        " default options (e.g. --systems evolving-no-ttft)",
     )
     p.add_argument(
         "--resume", action="store_true", help="reuse runs already stored in --out (same config)"

@@ -245,14 +245,16 @@ def _ttft_rule(on: bool, target_s: float = 2.0) -> EvolvingPlanner:
     return EvolvingPlanner(SessionTable(), MOE, 16, cfg)
 
 
-def test_a_split_serving_past_the_ttft_target_is_left_for_mixed_nodes_when_asked() -> None:
+def test_a_split_serving_past_the_ttft_target_is_left_for_mixed_nodes() -> None:
     # the load where the 3/1 split is predicted faster and stays, its calls within the
     # ITL target but their first tokens at 3 s against a 2 s target (a prefill queue's
     # tail, which the latency model does not see); mixed TPOT is predicted within target
     assert _plan_twice(_ttft_rule(True), 2000, 200, SPLIT_3_1, ttft_s=3.0) == [Role.MIXED] * 4
-    # within the target, with the rule off (the default) or a looser target, it stays
+    # the rule is on by default
+    assert _plan_twice(_planner(True), 2000, 200, SPLIT_3_1, ttft_s=3.0) == [Role.MIXED] * 4
+    # within the target, with the rule off or a looser target, it stays
     assert _plan_twice(_ttft_rule(True), 2000, 200, SPLIT_3_1, ttft_s=1.5) == []
-    assert _plan_twice(_planner(True), 2000, 200, SPLIT_3_1, ttft_s=3.0) == []
+    assert _plan_twice(_ttft_rule(False), 2000, 200, SPLIT_3_1, ttft_s=3.0) == []
     assert _plan_twice(_ttft_rule(True, 4.0), 2000, 200, SPLIT_3_1, ttft_s=3.0) == []
     # where mixed nodes would miss the ITL target (1,200-token outputs) it stays split
     # and moves a node to decode, as without the rule

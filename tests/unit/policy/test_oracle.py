@@ -58,10 +58,11 @@ def test_named_presets_set_their_options_and_options_still_override() -> None:
         assert isinstance(planner, EvolvingPlanner)
         return planner.config.mixed_past_split_ttft
 
-    assert not ttft_rule("evolving", {})
+    assert ttft_rule("evolving", {})  # on by default
+    assert not ttft_rule("evolving-no-ttft", {})
     assert ttft_rule("evolving-ttft", {})
-    assert ttft_rule("evolving", {"mixed_past_split_ttft": True})
-    assert not ttft_rule("evolving-ttft", {"mixed_past_split_ttft": False})
+    assert not ttft_rule("evolving", {"mixed_past_split_ttft": False})
+    assert ttft_rule("evolving-no-ttft", {"mixed_past_split_ttft": True})
 
 
 def test_hybrid_preset_starts_with_a_quarter_of_the_nodes_prefill_only() -> None:

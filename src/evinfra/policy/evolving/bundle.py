@@ -112,7 +112,7 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
                 ),
                 capacity_window_s=get_float(options, "capacity_window_s", 120.0, min_value=0.0),
                 mixed_past_split_itl=get_bool(options, "mixed_past_split_itl", True),
-                mixed_past_split_ttft=get_bool(options, "mixed_past_split_ttft", False),
+                mixed_past_split_ttft=get_bool(options, "mixed_past_split_ttft", True),
                 ttft_target_s=get_float(options, "ttft_target_s", 2.0, min_value=0.001),
                 split_by_latency=get_bool(options, "split_by_latency", False),
                 mixed_prefill_fraction=mixed_prefill,
@@ -171,8 +171,10 @@ ABLATIONS: dict[str, dict[str, object]] = {
     "evolving-lru": {"agent_kv": False},
     "evolving-no-hints": {"use_hints": False},
     "evolving-no-pull": {"pull_prefix": False},
-    # the planner's rule on the observed TTFT, off by default until the searches it would
-    # change are rerun (docs/evolving.md)
+    # the planner's rule on the observed TTFT: on by default since 2026-12-05 (every
+    # search it could change rerun with it, docs/evolving.md); `evolving-no-ttft` is
+    # evolving as every figure before then was made, `evolving-ttft` the rule named
+    "evolving-no-ttft": {"mixed_past_split_ttft": False},
     "evolving-ttft": {"mixed_past_split_ttft": True},
     # a quarter of the nodes prefill-only where the planner would mix them all: P95 TTFT
     # at light load against a little mean e2e (benchmarks/README.md)

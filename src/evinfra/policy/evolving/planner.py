@@ -72,14 +72,14 @@ class PlannerConfig:
     `itl_target_s` is left for every node mixed where mixed TPOT is predicted within the
     target, and nodes then stay mixed for `capacity_window_s`: past its decode pool's
     batch slots a split queues decodes for a slot, which the latency model does not see."""
-    mixed_past_split_ttft: bool = False
+    mixed_past_split_ttft: bool = True
     """The same as `mixed_past_split_itl` for the first token: a split in force whose
     observed P95 TTFT (calls finished over `window_s`) passes `ttft_target_s` is left for
     every node mixed where mixed TPOT is predicted within `itl_target_s`, and nodes then
     stay mixed for `capacity_window_s`. A split halves (or worse) the nodes that prefill,
     and its prefill queue's tail, which bursts and the spread of prompt sizes build, is
-    not in the latency model (off by default: the reference results were measured
-    without it)."""
+    not in the latency model (on by default since 2026-12-05, once every goodput search
+    and reference run it could change had been rerun with it; off: `evolving-no-ttft`)."""
     ttft_target_s: float = 2.0
     split_by_latency: bool = False
     """Split at the prefill count predicted fastest (`latency.fastest_split`) instead of the
