@@ -68,8 +68,9 @@ def match_all(view: ClusterView, hashes: Sequence[int]) -> dict[int, PrefixMatch
 
 def step_remaining_s(view: ClusterView, node_id: int, now_s: float) -> float | None:
     """How long until the step in flight on a node ends, where new work joins: from the
-    view's `step_remaining_s` when it has one (the simulator knows each step's end; a
-    server would read the start and predicted length each node reports), else None."""
+    view's `step_remaining_s` when it has one (the simulator knows each step's end; the
+    servers' frontend estimates it from each worker's last step time and when its
+    snapshot arrived), else None."""
     known = getattr(view, "step_remaining_s", None)
     if known is None:
         return None
