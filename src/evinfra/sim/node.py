@@ -79,6 +79,12 @@ class SimNode:
             times[num_steps] = t
         return t
 
+    def boundary_after(self, step: StepInFlight, now_s: float) -> tuple[int, float]:
+        """The next step boundary of a decode run at `now_s`, where new work joins: the
+        steps done by then (counting the one in progress) and when they end."""
+        done = self.steps_done_by(step, now_s)
+        return done, step.start_s + self.run_time_of(step, done)
+
     def steps_done_by(self, step: StepInFlight, now_s: float) -> int:
         """Steps of a decode run complete by `now_s`, counting the one in progress (new
         work joins at the next step boundary): the fewest steps whose run time reaches

@@ -68,7 +68,7 @@ class SimView:
             return 0.0
         end_s = step.end_s
         if step.plan is not None and step.num_steps > 1:
-            end_s = step.start_s + node.run_time_of(step, node.steps_done_by(step, now_s))
+            _, end_s = node.boundary_after(step, now_s)
         return max(end_s - now_s, 0.0)
 
 
@@ -380,10 +380,10 @@ class Simulation:
         step = node.step
         if step is not None:
             if new_work and step.plan is not None and step.num_steps > 1:
-                done = node.steps_done_by(step, self.now_s)
+                done, end_s = node.boundary_after(step, self.now_s)
                 if done < step.num_steps:
                     step.num_steps = done
-                    step.end_s = step.start_s + node.run_time_of(step, done)
+                    step.end_s = end_s
                     self._push_step_done(node, step.end_s)
             return
         if node.migrate_pending:

@@ -12,7 +12,6 @@ import pytest
 
 from evinfra.core.blocks import hash_token_blocks
 from evinfra.core.types import AgentHints, Request, Role
-from evinfra.policy.evolving.rates import NodeRates
 from evinfra.policy.evolving.router import EvolvingRouter, RouterConfig
 from evinfra.policy.evolving.sessions import SessionTable
 from evinfra.serve.executors import ExecutorSpec
@@ -20,17 +19,8 @@ from evinfra.serve.protocol import Generation, NodeStats, Sampling, Submit
 from evinfra.serve.timed_executor import TimedExecutor
 from evinfra.serve.view import ClusterState, NodeState
 from evinfra.serve.worker import NodeWorker, WorkerSpec
+from tests.unit.policy.test_evolving_router_planner import RATES
 from tests.unit.serve.test_worker_eviction import BLOCK, NoCost
-
-RATES = NodeRates(
-    prefill_tok_s=10_000.0,
-    decode_step_s_at=((1, 0.01), (64, 0.02), (256, 0.05)),
-    bytes_per_block=16 * 1000,
-    link_bytes_s=1e9,
-    link_overhead_s=1e-3,
-    max_num_seqs=256,
-    kv_capacity_blocks=1000,
-)
 
 
 def stats(node_id: int, decodes: int, last_step_s: float) -> NodeStats:
