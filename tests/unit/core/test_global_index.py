@@ -96,3 +96,34 @@ def test_match_all_agrees_with_a_walk_per_node(
             device += 1
         host = len(holders) - device if node in host_nodes else 0
         assert (got[node].num_device_blocks, got[node].num_host_blocks) == (device, host)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sets(st.integers(0, 9), max_size=10), st.sets(st.integers(0, 9), max_size=10)),
+        max_size=40,
+    )
+)
+def test_host_runs_agree_with_a_walk_per_node(held: list[tuple[set[int], set[int]]]) -> None:
+    """Block i is held on device by held[i][0] and on host by held[i][1], any pattern:
+    each node's host run starts where its device run ends and stops at its first miss."""
+    num_nodes = 10
+    index = GlobalBlockIndex(num_nodes)
+    listeners = [index.listener(i) for i in range(num_nodes)]
+    hashes = [1000 + i for i in range(len(held))]
+    for h, (device_nodes, host_nodes) in zip(hashes, held, strict=True):
+        for node in device_nodes:
+            listeners[node].on_device(h, True)
+        for node in host_nodes:
+            listeners[node].on_host(h, True)
+    listeners[0].on_host(1, True)  # a host tier that is never empty
+    got = index.match_all(hashes)
+    for node in range(num_nodes):
+        device = 0
+        while device < len(held) and node in held[device][0]:
+            device += 1
+        host = 0
+        while device + host < len(held) and node in held[device + host][1]:
+            host += 1
+        assert (got[node].num_device_blocks, got[node].num_host_blocks) == (device, host)
