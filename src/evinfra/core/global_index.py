@@ -59,17 +59,31 @@ class _NodeListener:
         self._owner.version += 1
 
 
+_MASKS: dict[int, int] = {}
+"""One int object per node mask in use: a block's mask is read on every walk of a prompt
+through it, and a few shared objects stay in cache where one object a block does not."""
+_MAX_MASKS = 1 << 16
+
+
+def _canonical(mask: int) -> int:
+    if len(_MASKS) > _MAX_MASKS:
+        _MASKS.clear()
+    return _MASKS.setdefault(mask, mask)
+
+
 def _flip_many(table: dict[int, int], keys: Sequence[int], bit: int, present: bool) -> None:
     """`_flip` each key in turn."""
     if present:  # setting a bit never empties a mask: one dict update, in C
-        masks = map(or_, map(table.get, keys, repeat(0)), repeat(bit))
-        table.update(zip(keys, masks, strict=True))
+        masks = list(map(or_, map(table.get, keys, repeat(0)), repeat(bit)))
+        if len(_MASKS) > _MAX_MASKS:
+            _MASKS.clear()
+        table.update(zip(keys, map(_MASKS.setdefault, masks, masks), strict=True))
         return
     keep = ~bit
     for key in keys:
         mask = table.get(key, 0) & keep
         if mask:
-            table[key] = mask
+            table[key] = _canonical(mask)
         else:
             table.pop(key, None)
 
@@ -78,7 +92,7 @@ def _flip(table: dict[int, int], key: int, bit: int, present: bool) -> None:
     mask = table.get(key, 0)
     mask = mask | bit if present else mask & ~bit
     if mask:
-        table[key] = mask
+        table[key] = _canonical(mask)
     else:
         table.pop(key, None)
 

@@ -127,3 +127,22 @@ def test_host_runs_agree_with_a_walk_per_node(held: list[tuple[set[int], set[int
         while device + host < len(held) and node in held[device + host][1]:
             host += 1
         assert (got[node].num_device_blocks, got[node].num_host_blocks) == (device, host)
+
+
+def test_equal_masks_are_one_object() -> None:
+    """A block's node mask is read on every walk through it: blocks held by the same
+    nodes share one int object (few objects, kept in cache), however each mask was made."""
+    index = GlobalBlockIndex(40)
+    listeners = [index.listener(i) for i in range(40)]
+    listeners[33].on_device_many([1, 2], True)
+    listeners[35].on_device_many([1, 2], True)
+    listeners[35].on_device(3, True)
+    listeners[33].on_device(3, True)
+    listeners[34].on_device_many([4], True)
+    listeners[33].on_device_many([4], True)
+    listeners[35].on_device_many([4], True)
+    listeners[34].on_device_many([4], False)
+    masks = [index._device[h] for h in (1, 2, 3, 4)]
+    assert masks[0] == (1 << 33 | 1 << 35)
+    assert all(m is masks[0] for m in masks)
+    assert [m.num_device_blocks for m in index.match_all([1, 2, 3, 4, 5])][33:36] == [4, 0, 4]
