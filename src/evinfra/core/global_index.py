@@ -34,65 +34,67 @@ class PoolListener(Protocol):
 
 
 class _NodeListener:
-    __slots__ = ("_bit", "_device", "_host", "_owner")
+    __slots__ = ("_bit", "_device", "_host", "_masks", "_owner")
 
     def __init__(self, bit: int, owner: GlobalBlockIndex) -> None:
         self._bit = bit
         self._device = owner._device
         self._host = owner._host
+        self._masks = owner._masks
         self._owner = owner
 
     def on_device(self, block_hash: int, present: bool) -> None:
-        _flip(self._device, block_hash, self._bit, present)
+        _flip(self._device, block_hash, self._bit, present, self._masks)
         self._owner.version += 1
 
     def on_host(self, block_hash: int, present: bool) -> None:
-        _flip(self._host, block_hash, self._bit, present)
+        _flip(self._host, block_hash, self._bit, present, self._masks)
         self._owner.version += 1
 
     def on_device_many(self, block_hashes: Sequence[int], present: bool) -> None:
-        _flip_many(self._device, block_hashes, self._bit, present)
+        _flip_many(self._device, block_hashes, self._bit, present, self._masks)
         self._owner.version += 1
 
     def on_host_many(self, block_hashes: Sequence[int], present: bool) -> None:
-        _flip_many(self._host, block_hashes, self._bit, present)
+        _flip_many(self._host, block_hashes, self._bit, present, self._masks)
         self._owner.version += 1
 
 
-_MASKS: dict[int, int] = {}
-"""One int object per node mask in use: a block's mask is read on every walk of a prompt
-through it, and a few shared objects stay in cache where one object a block does not."""
 _MAX_MASKS = 1 << 16
+"""Distinct masks an index keeps one object for before it starts over (values stay right,
+only the sharing is lost)."""
 
 
-def _canonical(mask: int) -> int:
-    if len(_MASKS) > _MAX_MASKS:
-        _MASKS.clear()
-    return _MASKS.setdefault(mask, mask)
+def _masks_to_fill(masks: dict[int, int]) -> dict[int, int]:
+    """The index's canonical masks, emptied first once past `_MAX_MASKS`."""
+    if len(masks) > _MAX_MASKS:
+        masks.clear()
+    return masks
 
 
-def _flip_many(table: dict[int, int], keys: Sequence[int], bit: int, present: bool) -> None:
+def _flip_many(
+    table: dict[int, int], keys: Sequence[int], bit: int, present: bool, masks: dict[int, int]
+) -> None:
     """`_flip` each key in turn."""
+    one = _masks_to_fill(masks).setdefault
     if present:  # setting a bit never empties a mask: one dict update, in C
-        masks = list(map(or_, map(table.get, keys, repeat(0)), repeat(bit)))
-        if len(_MASKS) > _MAX_MASKS:
-            _MASKS.clear()
-        table.update(zip(keys, map(_MASKS.setdefault, masks, masks), strict=True))
+        new = list(map(or_, map(table.get, keys, repeat(0)), repeat(bit)))
+        table.update(zip(keys, map(one, new, new), strict=True))
         return
     keep = ~bit
     for key in keys:
         mask = table.get(key, 0) & keep
         if mask:
-            table[key] = _canonical(mask)
+            table[key] = one(mask, mask)
         else:
             table.pop(key, None)
 
 
-def _flip(table: dict[int, int], key: int, bit: int, present: bool) -> None:
+def _flip(table: dict[int, int], key: int, bit: int, present: bool, masks: dict[int, int]) -> None:
     mask = table.get(key, 0)
     mask = mask | bit if present else mask & ~bit
     if mask:
-        table[key] = _canonical(mask)
+        table[key] = _masks_to_fill(masks).setdefault(mask, mask)
     else:
         table.pop(key, None)
 
@@ -102,6 +104,10 @@ class GlobalBlockIndex:
         self.num_nodes = num_nodes
         self._device: dict[int, int] = {}
         self._host: dict[int, int] = {}
+        self._masks: dict[int, int] = {}
+        """One int object per node mask in use, shared by every block with that mask: a
+        block's mask is read on every walk of a prompt through it, and a few shared
+        objects stay in cache where one object a block does not."""
         self.version = 0
         """Bumped on every change a pool reports: a match stays valid while it holds."""
         self._memo_hashes: Sequence[int] | None = None
