@@ -13,7 +13,9 @@ Agent sessions last minutes (a coding session: 45 calls over about 13 minutes), 
 shorter than about 15 simulated minutes has not reached its steady state: fewer calls in
 flight, shorter contexts and no KV pressure yet. Extrapolating an hour from such a run
 underestimates it; time a full hour (`--duration-s 3600`) on a smaller cluster, or a
-long run at the size, and read `CPU s` directly.
+long run at the size, and read `CPU s` directly. `--progress-every-s 60` prints, to
+stderr, the CPU time and peak memory reached at each simulated minute, so a run that is
+stopped early still shows how the cost of each simulated minute grows.
 """
 
 from __future__ import annotations
@@ -25,6 +27,34 @@ import time
 
 from evinfra.sim.config import SimConfig
 from evinfra.sim.runner import run_sim
+
+
+class _CpuTrail:
+    """Prints CPU seconds, events and peak memory each time the simulated clock passes
+    another `every_sim_s` (to stderr, so the table on stdout stays clean)."""
+
+    def __init__(self, label: str, every_sim_s: float, cpu_start_s: float) -> None:
+        self.label = label
+        self.every_sim_s = every_sim_s
+        self.cpu_start_s = cpu_start_s
+        self.next_sim_s = every_sim_s
+        self.last_cpu_s = 0.0
+
+    def __call__(self, sim_s: float, num_events: int) -> None:
+        if sim_s < self.next_sim_s:
+            return
+        cpu_s = time.process_time() - self.cpu_start_s
+        rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(
+            f"{self.label}: sim {sim_s:.0f} s, CPU {cpu_s:.1f} s"
+            f" (+{cpu_s - self.last_cpu_s:.1f} s), {num_events} events,"
+            f" peak RSS {rss_gib:.1f} GiB",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.last_cpu_s = cpu_s
+        while self.next_sim_s <= sim_s:
+            self.next_sim_s += self.every_sim_s
 
 
 def measure(
@@ -46,7 +76,10 @@ def measure(
     )
     start = time.perf_counter()
     cpu_start = time.process_time()
-    result = run_sim(cfg)
+    progress = None
+    if args.progress_every_s > 0:
+        progress = _CpuTrail(f"{system} {num_gpus} GPUs", args.progress_every_s, cpu_start)
+    result = run_sim(cfg, progress=progress)
     wall_s = time.perf_counter() - start
     cpu_s = time.process_time() - cpu_start
     # peak resident memory of this process so far (KiB on Linux): run one size per process
@@ -91,6 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=1.0,
         help="multiplies each node's device KV (below 1: KV pressure, eviction)",
+    )
+    p.add_argument(
+        "--progress-every-s",
+        type=float,
+        default=0.0,
+        help="print CPU time and peak memory to stderr every this many simulated seconds",
     )
     args = p.parse_args(argv)
     print(
