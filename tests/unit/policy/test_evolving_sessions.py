@@ -1,5 +1,8 @@
 """Session inference from prompt prefixes, and expected-next-use ordering."""
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from evinfra.core.types import AgentHints, ContextEvent, Request, SessionState
 from evinfra.policy.evolving.sessions import TIER_ACTIVE, TIER_AWAY, SessionTable
 
@@ -48,7 +51,7 @@ def test_compaction_is_inferred_and_frees_the_dead_tail_only() -> None:
     assert arrival.event is ContextEvent.TRUNCATE
     # blocks 11, 12, 13 are dead; the shared system prompt survives (session b holds it)
     assert arrival.dead_hashes == (11, 12, 13)
-    assert table.num_owners[1] == 2
+    assert table.num_holders(1) == 2
 
 
 def test_extending_a_generating_context_is_a_fork() -> None:
@@ -91,3 +94,40 @@ def test_overdue_sessions_rank_by_idle_time() -> None:
     # expected back at 1 s: active until it is 30 s overdue, then away
     assert table.keep_score(5, node_id=0, now_s=10.0) == TIER_ACTIVE
     assert table.keep_score(5, node_id=0, now_s=40.0) == TIER_AWAY
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(),
+            st.integers(0, 3),
+            st.lists(st.integers(0, 11), min_size=1, max_size=6, unique=True),
+            st.booleans(),
+        ),
+        max_size=24,
+    )
+)
+def test_holders_count_the_live_contexts_holding_a_block(
+    steps: list[tuple[bool, int, list[int], bool]],
+) -> None:
+    """Turns of four sessions (named by hints, or inferred from the prompt) and session
+    ends in any order, prompts over a few shared blocks: each block's holder count is the
+    number of live contexts that hold it, and it has an owner exactly when one does (the
+    owner is the last writer, which may have ended since while another holder lives)."""
+    table = SessionTable()
+    for rid, (ends, slot, blocks, named) in enumerate(steps):
+        sid = f"s{slot}"
+        if ends:
+            table.end(sid)
+        else:
+            prompt = [*SYSTEM, *(b + 10 for b in blocks)]
+            hints = AgentHints(sid) if named else None
+            request = req(rid, prompt, [100 + rid], hints)
+            table.on_arrival(request, float(rid))
+            table.on_finish(request, 0, float(rid) + 0.5)
+        held = {h for e in table.sessions.values() for h in e.context_hashes}
+        for h in held | set(table.owner) | set(table.shared):
+            holders = [s for s, e in table.sessions.items() if h in e.context_hashes]
+            assert table.num_holders(h) == len(holders)
+            assert (h in table.owner) == bool(holders)

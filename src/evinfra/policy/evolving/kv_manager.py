@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from itertools import repeat
 
 from evinfra.core.eviction import EvictionPolicy, LRUEviction
 from evinfra.core.tiered_eviction import TieredEviction
@@ -69,7 +68,7 @@ def run_keep_scores(
         and first is not None
         and first in table.sessions
         and list(map(table.owner.get, hashes)).count(first) == len(hashes)
-        and max(map(table.num_owners.get, hashes, repeat(1))) < 2
+        and table.shared.keys().isdisjoint(hashes)
     ):
         return [table.keep_score(hashes[0], node_id, now_s)] * len(hashes)
     return [table.keep_score(h, node_id, now_s) for h in hashes]

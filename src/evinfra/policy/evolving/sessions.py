@@ -69,9 +69,12 @@ class SessionTable:
     """A session not expected back within this long (or this long overdue) is away."""
     sessions: dict[str, SessionEntry] = field(default_factory=dict)
     owner: dict[int, str] = field(default_factory=dict)
-    """Block hash -> the session whose context holds it (last writer)."""
-    num_owners: dict[int, int] = field(default_factory=dict)
-    """Block hash -> how many live session contexts hold it (shared prefixes > 1)."""
+    """Block hash -> the session whose context holds it (last writer): every block some
+    live session holds."""
+    shared: dict[int, int] = field(default_factory=dict)
+    """Block hash -> how many live session contexts hold it beyond the first (shared
+    prefixes only: one holder is the rule and is not stored, so the per-block reads of
+    eviction scoring look in this small dict instead of one as large as `owner`)."""
     request_session: dict[int, str] = field(default_factory=dict)
     orphans: OrderedDict[int, None] = field(default_factory=OrderedDict)
     """Blocks whose last holder ended (oldest first, at most `max_orphans`). Ordered: a
@@ -126,9 +129,10 @@ class SessionTable:
     def _infer(self, request: Request) -> tuple[SessionEntry, ContextEvent]:
         # the deepest prompt block that exactly one live session holds names the session
         owner: str | None = None
+        held, shared = self.owner, self.shared
         for h in reversed(request.prompt_hashes):
-            if self.num_owners.get(h, 0) == 1:
-                owner = self.owner[h]
+            if h in held and h not in shared:
+                owner = held[h]
                 break
         if owner is not None and owner in self.sessions:
             entry = self.sessions[owner]
@@ -168,10 +172,11 @@ class SessionTable:
             new_set = set(new_tail)
             self._release(tuple(h for h in old_tail if h not in new_set))
         old_set = set(old_tail)
-        orphans, owners, owner = self.orphans, self.num_owners, self.owner
+        orphans, shared, owner = self.orphans, self.shared, self.owner
         for h in new_tail:
             if h not in old_set:
-                owners[h] = owners.get(h, 0) + 1
+                if h in owner:  # held already: one more holder
+                    shared[h] = shared.get(h, 0) + 1
                 orphans.pop(h, None)
             owner[h] = sid
         entry.context_hashes = context
@@ -204,15 +209,23 @@ class SessionTable:
     def _release(self, hashes: tuple[int, ...]) -> tuple[int, ...]:
         """Drop one holder from each block; returns those no live session holds now."""
         dead = []
+        shared, owner = self.shared, self.owner
         for h in hashes:
-            n = self.num_owners.get(h, 0) - 1
-            if n <= 0:
-                self.num_owners.pop(h, None)
-                self.owner.pop(h, None)
+            n = shared.get(h, 0) - 1
+            if n < 0:  # its last holder (or none)
+                owner.pop(h, None)
                 dead.append(h)
+            elif n:
+                shared[h] = n
             else:
-                self.num_owners[h] = n
+                del shared[h]
         return tuple(dead)
+
+    def num_holders(self, block_hash: int) -> int:
+        """How many live session contexts hold the block."""
+        if block_hash not in self.owner:
+            return 0
+        return 1 + self.shared.get(block_hash, 0)
 
     def note_route(self, request_id: int, node_ids: tuple[int, ...]) -> None:
         sid = self.request_session.get(request_id)
@@ -245,7 +258,7 @@ class SessionTable:
         busy = entry.state is SessionState.GENERATING or entry.num_children_running > 0
         if entry.is_last_turn and not busy:
             return TIER_AWAY
-        if self.num_owners.get(block_hash, 1) >= 2:
+        if block_hash in self.shared:
             return TIER_SHARED
         if busy:
             return TIER_ACTIVE
