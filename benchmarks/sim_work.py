@@ -1,0 +1,114 @@
+"""What the simulated cluster does per call, against cluster size: the KV it moves, evicts
+and offloads, beside the simulator's CPU time per call.
+
+    .venv/bin/python benchmarks/sim_work.py --systems evolving dynamo --gpus 32 256
+    .venv/bin/python benchmarks/sim_work.py --gpus 64 --duration-s 400 --kv-capacity-scale 0.1
+
+`sim_speed.py` says how the simulator's cost grows with the cluster; this says how much of
+that growth is the simulated system's own work. Every evicted, offloaded or moved block is
+work the simulator must do block by block, so a cluster whose calls move more KV costs more
+per call to simulate even when each block costs the same. Same load as `sim_speed.py`
+(a fixed session rate per GPU, coding, Kimi-K2 on GB300, seed 0); one process per row keeps
+the CPU time of one run from another's garbage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+from evinfra.sim.config import SimConfig
+from evinfra.sim.runner import build_simulation
+
+
+def measure(system: str, num_gpus: int, args: argparse.Namespace) -> dict[str, float]:
+    cfg = SimConfig(
+        system=system,
+        workload=args.workload,
+        model=args.model,
+        gpu=args.gpu,
+        num_gpus=num_gpus,
+        session_rate=args.rate_per_gpu * num_gpus,
+        duration_s=args.duration_s,
+        warmup_s=min(30.0, args.duration_s / 4),
+        drain_s=0.0,
+        seed=args.seed,
+        block_size=args.block_size,
+        kv_capacity_scale=args.kv_capacity_scale,
+    )
+    sim, _ = build_simulation(cfg)
+    cpu_start_s = time.process_time()
+    sim.run()
+    cpu_s = time.process_time() - cpu_start_s
+    num_calls = max(len(sim.metrics.records), 1)
+    pools = [node.sched.pool for node in sim.nodes]
+    router = sim.bundle.router
+    local = getattr(router, "num_local_prefills", None)
+    return {
+        "cpu_s": cpu_s,
+        "calls": float(num_calls),
+        "cpu_us_per_call": 1e6 * cpu_s / num_calls,
+        "link_mb_per_call": sim.links.num_bytes_moved / num_calls / 1e6,
+        "evicted_per_call": sum(p.num_evicted_blocks for p in pools) / num_calls,
+        "offloaded_per_call": sum(p.host.num_offloaded for p in pools) / num_calls,
+        "pulls_per_call": sim.metrics.num_prefix_pulls / num_calls,
+        "local_prefills_per_call": float("nan") if local is None else local / num_calls,
+    }
+
+
+def _or_dash(value: float) -> str:
+    """A rate, or "-" where the system does not count it (NaN)."""
+    return "-" if math.isnan(value) else f"{value:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--systems", nargs="+", default=["evolving", "dynamo"])
+    p.add_argument("--gpus", nargs="+", type=int, default=[32, 64, 256])
+    p.add_argument("--duration-s", type=float, default=600.0)
+    p.add_argument(
+        "--rate-per-gpu", type=float, default=1 / 16, help="sessions/s per GPU (default 1/16)"
+    )
+    p.add_argument("--workload", default="coding")
+    p.add_argument("--model", default="kimi-k2")
+    p.add_argument("--gpu", default="gb300")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=64, help="tokens per KV block (default 64)")
+    p.add_argument(
+        "--kv-capacity-scale",
+        type=float,
+        default=1.0,
+        help="multiplies each node's device KV (below 1: KV pressure, eviction)",
+    )
+    args = p.parse_args(argv)
+    if args.duration_s <= 0:
+        p.error(f"--duration-s must be positive, got {args.duration_s:g}")
+    print(
+        f"workload {args.workload}, model {args.model} on {args.gpu},"
+        f" {args.rate_per_gpu:g} sessions/s per GPU, {args.duration_s:g} simulated s,"
+        f" blocks of {args.block_size} tokens, KV capacity x{args.kv_capacity_scale:g}"
+    )
+    header = (
+        "| system | GPUs | calls | CPU s | CPU us / call | KV moved MB / call"
+        " | blocks evicted / call | host offloads / call | prefix pulls / call"
+        " | local prefills / call |"
+    )
+    print(header)
+    print("| --- |" + " ---: |" * (header.count("|") - 2))
+    for system in args.systems:
+        for num_gpus in args.gpus:
+            m = measure(system, num_gpus, args)
+            print(
+                f"| {system} | {num_gpus} | {m['calls']:.0f} | {m['cpu_s']:.1f}"
+                f" | {m['cpu_us_per_call']:.0f} | {m['link_mb_per_call']:.1f}"
+                f" | {m['evicted_per_call']:.1f} | {m['offloaded_per_call']:.1f}"
+                f" | {m['pulls_per_call']:.2f} | {_or_dash(m['local_prefills_per_call'])} |",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
