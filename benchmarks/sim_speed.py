@@ -27,11 +27,14 @@ import time
 
 from evinfra.sim.config import SimConfig
 from evinfra.sim.runner import run_sim
+from evinfra.sim.simulation import Simulation
 
 
 class _CpuTrail:
-    """Prints CPU seconds, events and peak memory each time the simulated clock passes
-    another `every_sim_s` (to stderr, so the table on stdout stays clean)."""
+    """Prints CPU seconds, events, peak memory and how full the nodes' KV is (device
+    blocks holding content, host copies) each time the simulated clock passes another
+    `every_sim_s` (to stderr, so the table on stdout stays clean): the cost of a
+    simulated second grows while the pools fill."""
 
     def __init__(self, label: str, every_sim_s: float, cpu_start_s: float) -> None:
         self.label = label
@@ -39,6 +42,19 @@ class _CpuTrail:
         self.cpu_start_s = cpu_start_s
         self.next_sim_s = every_sim_s
         self.last_cpu_s = 0.0
+        self.sim: Simulation | None = None
+
+    def attach(self, sim: Simulation) -> None:
+        self.sim = sim
+
+    def _kv_fill(self) -> str:
+        if self.sim is None:
+            return ""
+        pools = [node.sched.pool for node in self.sim.nodes]
+        device = sum(p.num_cached_blocks for p in pools) / sum(p.num_device_blocks for p in pools)
+        host_capacity = sum(p.host.capacity_blocks for p in pools)
+        host = sum(len(p.host) for p in pools) / host_capacity if host_capacity else 0.0
+        return f", device KV {device:.0%} cached, host KV {host:.0%} full"
 
     def __call__(self, sim_s: float, num_events: int) -> None:
         if sim_s < self.next_sim_s:
@@ -48,7 +64,7 @@ class _CpuTrail:
         print(
             f"{self.label}: sim {sim_s:.0f} s, CPU {cpu_s:.1f} s"
             f" (+{cpu_s - self.last_cpu_s:.1f} s), {num_events} events,"
-            f" peak RSS {rss_gib:.1f} GiB",
+            f" peak RSS {rss_gib:.1f} GiB{self._kv_fill()}",
             file=sys.stderr,
             flush=True,
         )
@@ -76,10 +92,10 @@ def measure(
     )
     start = time.perf_counter()
     cpu_start = time.process_time()
-    progress = None
+    trail = None
     if args.progress_every_s > 0:
-        progress = _CpuTrail(f"{system} {num_gpus} GPUs", args.progress_every_s, cpu_start)
-    result = run_sim(cfg, progress=progress)
+        trail = _CpuTrail(f"{system} {num_gpus} GPUs", args.progress_every_s, cpu_start)
+    result = run_sim(cfg, progress=trail, prepare=None if trail is None else trail.attach)
     wall_s = time.perf_counter() - start
     cpu_s = time.process_time() - cpu_start
     # peak resident memory of this process so far (KiB on Linux): run one size per process
