@@ -210,7 +210,10 @@ class TieredEviction:
         """With the lowest tier and the unscored blocks empty: the head blocks of the
         lowest non-empty tier, each read again as `pop` reads it; one still in that tier
         is a victim, one that moved up enters its new tier last (as in `pop`). One that
-        moved down ends the call (the next `pop` takes it, reading it once more)."""
+        moved down is a victim too: every tier below this one is empty (the call only
+        takes blocks out of them), so it is alone in the lowest non-empty tier, where
+        `pop` would take it next after reading it once more (counted as read twice).
+        Old heads of the active tier are often of sessions that have gone away since."""
         tiers, tier_index, score_of = self._tiers, self._tier_index, self._scorer
         lowest_index = next(i for i, tier in enumerate(tiers) if tier)
         lowest = tiers[lowest_index]
@@ -218,8 +221,13 @@ class TieredEviction:
         scores = None
         if self._run_scorer is not None:
             scores = self._run_scorer([block_hash for _, block_hash in heads])
-            if scores.count(scores[0]) == len(heads) and tier_index.get(scores[0]) == lowest_index:
-                self.num_scored += len(heads)  # all still in their tier: all victims
+            index = tier_index.get(scores[0])
+            if (
+                scores.count(scores[0]) == len(heads)
+                and index is not None
+                and index <= lowest_index
+            ):  # all still in their tier, or all moved down: all victims
+                self.num_scored += len(heads) if index == lowest_index else 2 * len(heads)
                 self._num_scored -= len(heads)
                 for block_id, _ in heads:
                     del lowest[block_id]
@@ -233,12 +241,14 @@ class TieredEviction:
                 self._unknown_tier(score)
             del lowest[block_id]
             self._num_scored -= 1
-            if index == lowest_index:
-                out.append(block_id)
+            if index > lowest_index:
+                self._enter(tiers[index], block_id, block_hash)
                 continue
-            self._enter(tiers[index], block_id, block_hash)
-            if index < lowest_index:
-                return
+            if index < lowest_index:  # `pop` reads it again where it moved
+                self.num_scored += 1
+                if scores is None:  # the same answer: nothing changes between the reads
+                    score_of(block_hash)
+            out.append(block_id)
 
     def _score_pending(self, just_scored: int | None) -> tuple[int | None, int | None]:
         """Score unscored blocks, oldest first, into their tiers until one lands in the
