@@ -73,23 +73,48 @@ class _CpuTrail:
             self.next_sim_s += self.every_sim_s
 
 
-def measure(
-    system: str, num_gpus: int, duration_s: float, rate_per_gpu: float, args: argparse.Namespace
-) -> dict[str, float]:
-    cfg = SimConfig(
+def add_load_args(p: argparse.ArgumentParser) -> None:
+    """The load and cluster options this script shares with `sim_work.py`."""
+    p.add_argument(
+        "--rate-per-gpu", type=float, default=1 / 16, help="sessions/s per GPU (default 1/16)"
+    )
+    p.add_argument("--workload", default="coding")
+    p.add_argument("--model", default="kimi-k2")
+    p.add_argument("--gpu", default="gb300")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=64, help="tokens per KV block (default 64)")
+    p.add_argument(
+        "--kv-capacity-scale",
+        type=float,
+        default=1.0,
+        help="multiplies each node's device KV (below 1: KV pressure, eviction)",
+    )
+
+
+def load_config(
+    system: str, num_gpus: int, duration_s: float, drain_s: float, args: argparse.Namespace
+) -> SimConfig:
+    """One run at `add_load_args`' load: a fixed session rate per GPU."""
+    return SimConfig(
         system=system,
         workload=args.workload,
         model=args.model,
         gpu=args.gpu,
         num_gpus=num_gpus,
-        session_rate=rate_per_gpu * num_gpus,
+        session_rate=args.rate_per_gpu * num_gpus,
         duration_s=duration_s,
         warmup_s=min(30.0, duration_s / 4),
-        drain_s=args.drain_s,
+        drain_s=drain_s,
         seed=args.seed,
         block_size=args.block_size,
         kv_capacity_scale=args.kv_capacity_scale,
     )
+
+
+def measure(
+    system: str, num_gpus: int, duration_s: float, args: argparse.Namespace
+) -> dict[str, float]:
+    cfg = load_config(system, num_gpus, duration_s, args.drain_s, args)
     start = time.perf_counter()
     cpu_start = time.process_time()
     trail = None
@@ -127,20 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", nargs="+", type=int, default=[32, 64, 128, 256])
     p.add_argument("--duration-s", nargs="+", type=float, default=[120.0])
     p.add_argument("--drain-s", type=float, default=60.0)
-    p.add_argument(
-        "--rate-per-gpu", type=float, default=1 / 16, help="sessions/s per GPU (default 1/16)"
-    )
-    p.add_argument("--workload", default="coding")
-    p.add_argument("--model", default="kimi-k2")
-    p.add_argument("--gpu", default="gb300")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--block-size", type=int, default=64, help="tokens per KV block (default 64)")
-    p.add_argument(
-        "--kv-capacity-scale",
-        type=float,
-        default=1.0,
-        help="multiplies each node's device KV (below 1: KV pressure, eviction)",
-    )
+    add_load_args(p)
     p.add_argument(
         "--progress-every-s",
         type=float,
@@ -163,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     for system in args.systems:
         for num_gpus in args.gpus:
             for duration_s in args.duration_s:
-                m = measure(system, num_gpus, duration_s, args.rate_per_gpu, args)
+                m = measure(system, num_gpus, duration_s, args)
                 # extrapolated from CPU time, which a busy shared machine does not inflate
                 hour_256_min = m["cpu_us_per_gpu_s"] * 1e-6 * 3600 * 256 / 60
                 print(

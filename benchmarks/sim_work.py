@@ -19,25 +19,13 @@ import math
 import sys
 import time
 
-from evinfra.sim.config import SimConfig
+from sim_speed import add_load_args, load_config
+
 from evinfra.sim.runner import build_simulation
 
 
 def measure(system: str, num_gpus: int, args: argparse.Namespace) -> dict[str, float]:
-    cfg = SimConfig(
-        system=system,
-        workload=args.workload,
-        model=args.model,
-        gpu=args.gpu,
-        num_gpus=num_gpus,
-        session_rate=args.rate_per_gpu * num_gpus,
-        duration_s=args.duration_s,
-        warmup_s=min(30.0, args.duration_s / 4),
-        drain_s=0.0,
-        seed=args.seed,
-        block_size=args.block_size,
-        kv_capacity_scale=args.kv_capacity_scale,
-    )
+    cfg = load_config(system, num_gpus, args.duration_s, 0.0, args)
     sim, _ = build_simulation(cfg)
     cpu_start_s = time.process_time()
     sim.run()
@@ -68,20 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--systems", nargs="+", default=["evolving", "dynamo"])
     p.add_argument("--gpus", nargs="+", type=int, default=[32, 64, 256])
     p.add_argument("--duration-s", type=float, default=600.0)
-    p.add_argument(
-        "--rate-per-gpu", type=float, default=1 / 16, help="sessions/s per GPU (default 1/16)"
-    )
-    p.add_argument("--workload", default="coding")
-    p.add_argument("--model", default="kimi-k2")
-    p.add_argument("--gpu", default="gb300")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--block-size", type=int, default=64, help="tokens per KV block (default 64)")
-    p.add_argument(
-        "--kv-capacity-scale",
-        type=float,
-        default=1.0,
-        help="multiplies each node's device KV (below 1: KV pressure, eviction)",
-    )
+    add_load_args(p)
     args = p.parse_args(argv)
     if args.duration_s <= 0:
         p.error(f"--duration-s must be positive, got {args.duration_s:g}")
