@@ -14,8 +14,8 @@ shorter than about 15 simulated minutes has not reached its steady state: fewer 
 flight, shorter contexts and no KV pressure yet. Extrapolating an hour from such a run
 underestimates it; time a full hour (`--duration-s 3600`) on a smaller cluster, or a
 long run at the size, and read `CPU s` directly. `--progress-every-s 60` prints, to
-stderr, the CPU time and peak memory reached at each simulated minute, so a run that is
-stopped early still shows how the cost of each simulated minute grows.
+stderr, the CPU time, peak memory and how full the nodes' KV is at each simulated minute,
+so a run that is stopped early still shows how the cost of each simulated minute grows.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         "--progress-every-s",
         type=float,
         default=0.0,
-        help="print CPU time and peak memory to stderr every this many simulated seconds",
+        help="print CPU time, peak memory and KV fill to stderr every this many simulated seconds",
     )
     args = p.parse_args(argv)
     print(
