@@ -4,7 +4,7 @@ re-adds, pops from the front and compactions never reorder what is queued."""
 from collections import OrderedDict
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from evinfra.core import run_queue
@@ -147,3 +147,105 @@ def check_against_ordered_dict(steps: list[tuple[str, object]], bound: bool) -> 
         assert list(queue.items()) == list(model.items())
         assert len(queue) == len(model)
         assert all(b in queue for b in model)
+
+
+lane_ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("add"),
+            st.tuples(st.integers(0, 2), st.lists(st.integers(0, 30), max_size=8, unique=True)),
+        ),
+        st.tuples(st.just("remove"), st.lists(st.integers(0, 30), max_size=8)),
+        st.tuples(st.just("take"), st.integers(0, 30)),
+        st.tuples(
+            st.just("move"),
+            st.tuples(st.integers(0, 2), st.integers(1, 9), st.integers(0, 2), st.booleans()),
+        ),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(lane_ops)
+# a run that left its lane whole and came back behind another is no longer its front
+@example(
+    [
+        ("add", (1, [0])),
+        ("add", (1, [1])),
+        ("move", (1, 1, 0, False)),
+        ("move", (0, 1, 1, False)),
+        ("move", (1, 1, 0, False)),
+    ]
+)
+def test_lanes_keep_the_order_of_an_ordered_dict_each(steps: list[tuple[str, object]]) -> None:
+    """Bound (a pool's words), three lanes: blocks moved from one lane's front, read as
+    `front` gives them, join the other lane's back in order; a run moved whole keeps its
+    state (still untouched: `run_at` counts it wherever it is), part of one moved is a
+    new run; removal finds blocks in any lane."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(run_queue, "_MIN_STALE_TO_COMPACT", 2)
+        words = [0] * 31
+        queue = RunQueue(words, num_lanes=3)
+        lanes: list[OrderedDict[int, int]] = [OrderedDict() for _ in range(3)]
+        runs: list[tuple[list[int], list[int], bool]] = []  # blocks, live ones, untouched
+        for i, (op, arg) in enumerate(steps):
+            queued = {b for lane in lanes for b in lane}
+            if op == "add":
+                assert isinstance(arg, tuple)
+                lane, blocks = arg
+                blocks = [b for b in blocks if b not in queued]
+                lanes[lane].update((b, 1000 * i + b) for b in blocks)
+                queue.add_many(blocks, [1000 * i + b for b in blocks], lane)
+                runs.append((blocks, list(blocks), True))
+            elif op == "remove":
+                assert isinstance(arg, list)
+                blocks = list(dict.fromkeys(arg))
+                assert queue.remove_many(blocks) == [b for b in blocks if b not in queued]
+                runs = [
+                    (
+                        r,
+                        [b for b in live if b not in blocks],
+                        untouched and not set(r) & set(blocks),
+                    )
+                    for r, live, untouched in runs
+                ]
+                for b in blocks:
+                    for lane in lanes:
+                        lane.pop(b, None)
+                    words[b] = 0
+            elif op == "take":
+                assert isinstance(arg, int)
+                run = next((r for r in runs if r[2] and r[0][0] == arg), None)
+                assert queue.run_at(arg) == (len(run[0]) if run else 0)
+                if run:
+                    queue.remove_run(arg)
+                    runs.remove(run)
+                    for b in run[0]:
+                        for lane in lanes:
+                            lane.pop(b, None)
+                        words[b] = 0
+            else:
+                assert isinstance(arg, tuple)
+                src, num, dst, whole = arg
+                ids, hashes = queue.front(1 << 30 if whole else num, src)
+                assert list(zip(ids, hashes, strict=True)) == list(lanes[src].items())[: len(ids)]
+                moved = ids[: min(num, len(ids))] if not whole else ids
+                queue.move_front(len(moved), src, dst)
+                if src != dst and moved:
+                    for b in moved:
+                        lanes[dst][b] = lanes[src].pop(b)
+                    if not any(live == moved for _, live, _ in runs):  # part of a run
+                        runs = [
+                            (r, [b for b in live if b not in moved], False)
+                            if set(live) & set(moved)
+                            else (r, live, untouched)
+                            for r, live, untouched in runs
+                        ] + [(moved, list(moved), True)]
+            runs = [r for r in runs if r[1]]
+            queue.check_integrity()
+            for lane, model in enumerate(lanes):
+                assert list(queue.items(lane)) == list(model.items())
+                assert queue.lane_sizes[lane] == len(model)
+                assert all(queue.lane_of(b) == lane for b in model)
+            assert len(queue) == sum(map(len, lanes))

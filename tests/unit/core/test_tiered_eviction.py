@@ -1,5 +1,8 @@
 """Tiered eviction: the lowest tier first, entry order inside a tier, lazy scoring."""
 
+from collections import OrderedDict
+from collections.abc import Callable
+
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -90,6 +93,28 @@ def test_rescore_moves_a_block_to_the_end_of_its_new_tier_and_pop_revalidates() 
     assert len(ev) == 3
 
 
+def test_a_run_scored_into_one_tier_moves_there_whole() -> None:
+    """A freed context whose blocks all score active enters the active tier as one run,
+    untouched: taking the context up again is one `remove_run`, not a removal per block."""
+
+    def tier(h: int) -> float:
+        return -1.0 if h < 40 else -2.0
+
+    def score_run(hashes: list[int]) -> list[float]:
+        return list(map(tier, hashes))
+
+    ev = TieredEviction(tier, TIERS, score_run)
+    words = [0] * 64
+    ev.bind_blocks(words)
+    ev.add_many(list(range(40)), list(range(40)))
+    ev.add_many([40, 41], [40, 41])
+    assert ev.pop_many(2) == [40, 41]
+    assert ev.num_scored == 42
+    assert ev.order() == list(range(40)) and ev.run_at(0) == 40
+    ev.remove_run(0)
+    assert len(ev) == 0
+
+
 def test_unknown_score_and_bad_tiers_are_errors() -> None:
     with pytest.raises(ValueError, match="ascending"):
         TieredEviction(lambda h: 0.0, (0.0, -1.0))
@@ -99,36 +124,68 @@ def test_unknown_score_and_bad_tiers_are_errors() -> None:
         ev.pop()
 
 
-def pop_one_at_a_time(ev: TieredEviction) -> int | None:
-    """`TieredEviction.pop` as first written: unscored blocks taken one `pop_front` at a
-    time (the reference for the batched reads)."""
-    tiers, pending = ev._tiers, ev._pending
-    floor = tiers[0]
-    just_scored = None
-    while True:
-        while not floor:
-            oldest = pending.pop_front()
-            if oldest is None:
-                break
-            just_scored, block_hash = oldest
-            index = ev._tier(block_hash)
-            if not index:
-                return just_scored
-            ev._enter(tiers[index], just_scored, block_hash)
-        lowest = next(filter(None, tiers), None)
-        if lowest is None:
-            return None
-        block_id, block_hash = next(iter(lowest.items()))
-        if block_id != just_scored:
-            index = ev._tier(block_hash)
-            if tiers[index] is not lowest:
-                del lowest[block_id]
-                ev._num_scored -= 1
-                ev._enter(tiers[index], block_id, block_hash)
-                continue
-        del lowest[block_id]
-        ev._num_scored -= 1
-        return block_id
+class OneAtATime:
+    """The order `TieredEviction` keeps, written plainly as first designed: an ordered
+    dict of unscored blocks and one per tier, each pop reading blocks one at a time
+    (the reference for the batched reads and the whole-run moves)."""
+
+    def __init__(self, score: Callable[[int], float]) -> None:
+        self.score = score
+        self.pending: OrderedDict[int, int] = OrderedDict()
+        self.tiers: list[OrderedDict[int, int]] = [OrderedDict() for _ in TIERS]
+        self.num_scored = 0
+
+    def tier(self, block_hash: int) -> int:
+        self.num_scored += 1
+        return TIERS.index(self.score(block_hash))
+
+    def add_many(self, ids: list[int], hashes: list[int]) -> None:
+        self.pending.update(zip(ids, hashes, strict=True))
+
+    def remove_many(self, ids: list[int]) -> None:
+        for b in ids:
+            self.pending.pop(b, None)
+            for tier in self.tiers:
+                tier.pop(b, None)
+
+    def pop(self) -> int | None:
+        floor, just_scored = self.tiers[0], None
+        while True:
+            while not floor and self.pending:
+                just_scored, block_hash = self.pending.popitem(last=False)
+                index = self.tier(block_hash)
+                if not index:
+                    return just_scored
+                self.tiers[index][just_scored] = block_hash
+            lowest = next(filter(None, self.tiers), None)
+            if lowest is None:
+                return None
+            block_id, block_hash = next(iter(lowest.items()))
+            del lowest[block_id]
+            if block_id != just_scored:
+                index = self.tier(block_hash)
+                if self.tiers[index] is not lowest:
+                    self.tiers[index][block_id] = block_hash
+                    continue
+            return block_id
+
+    def rescore(self, ids: list[int]) -> None:
+        for b in ids:
+            for tier in self.tiers:
+                if b in tier:
+                    index = self.tier(tier[b])
+                    if self.tiers[index] is not tier:
+                        self.tiers[index][b] = tier.pop(b)
+                    break
+
+    def order(self) -> list[int]:
+        later: list[list[int]] = [[] for _ in TIERS]
+        for b, h in self.pending.items():
+            later[TIERS.index(self.score(h))].append(b)
+        return [b for tier, more in zip(self.tiers, later, strict=True) for b in [*tier, *more]]
+
+    def __len__(self) -> int:
+        return len(self.pending) + sum(map(len, self.tiers))
 
 
 @settings(max_examples=300, deadline=None)
@@ -203,15 +260,14 @@ def check_against_one_at_a_time(
 
         return score
 
-    words: list[list[int]] = [[0] * num_ids, [0] * num_ids]
+    words = [0] * num_ids
 
     def score_run(hashes: list[int]) -> list[float]:
         return [tier[h] for h in hashes]
 
     batched = TieredEviction(scorer(0), TIERS, score_run if by_runs else None)
-    reference = TieredEviction(scorer(1), TIERS)
-    for ev, w in zip((batched, reference), words, strict=True):
-        ev.bind_blocks(w)
+    reference = OneAtATime(scorer(1))
+    batched.bind_blocks(words)
     held: set[int] = set()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tiered_eviction, "_SCORE_BATCH", batch)
@@ -223,19 +279,19 @@ def check_against_one_at_a_time(
                 held.update(run)
             elif op == "remove":
                 run = [x for x in range(b, min(b + length, num_ids)) if x in held]
-                for ev, w in zip((batched, reference), words, strict=True):
+                for ev in (batched, reference):
                     ev.remove_many(run)
-                    for x in run:
-                        w[x] = 0  # the owner overwrites the words of blocks taken out
+                for x in run:
+                    words[x] = 0  # the owner overwrites the words of blocks taken out
                 held.difference_update(run)
             elif op == "pop":
-                victim = pop_one_at_a_time(reference)
+                victim = reference.pop()
                 assert batched.pop() == victim
                 held.discard(-1 if victim is None else victim)
             elif op == "pop_many":
                 victims: list[int] = []
                 while len(victims) < length:
-                    victim = pop_one_at_a_time(reference)
+                    victim = reference.pop()
                     if victim is None:
                         break
                     victims.append(victim)
@@ -245,11 +301,12 @@ def check_against_one_at_a_time(
                 tier[b] = score
             else:
                 for ev in (batched, reference):
-                    ev.rescore([b])
+                    ev.rescore([b, (b + 1) % num_ids, b])
             assert reads[0] == reads[1] or by_runs  # a run scorer reads ahead (unrecorded)
             assert batched.order() == reference.order()
             assert len(batched) == len(reference) == len(held)
             assert batched.num_scored == reference.num_scored
+            batched._queue.check_integrity()
 
 
 @pytest.mark.parametrize("make", [LRUEviction, lambda: ScoredEviction(lambda h: float(h % 3))])
