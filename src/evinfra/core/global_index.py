@@ -9,7 +9,7 @@ distributed KV manager (ARCHITECTURE.md), kept exact by the pools themselves.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import accumulate, repeat, takewhile
 from operator import and_, neg, or_
 from typing import Protocol
@@ -113,9 +113,9 @@ class GlobalBlockIndex:
         self._memo_hashes: Sequence[int] | None = None
         self._memo_version = -1
         self._memo: list[PrefixMatch] = []
-        self._device_only: dict[int, PrefixMatch] = {}
-        """One (frozen) device-only match per length, shared by every answer: a route
-        asks about every node at once."""
+        self._shared: dict[int, PrefixMatch] = {}
+        """One (frozen) match per pair of lengths, shared by every answer: a route asks
+        about every node at once."""
 
     def listener(self, node_id: int) -> PoolListener:
         if not 0 <= node_id < self.num_nodes:
@@ -156,37 +156,50 @@ class GlobalBlockIndex:
 
     def _match_all(self, hashes: Sequence[int]) -> list[PrefixMatch]:
         n = self.num_nodes
-        device_len = [0] * n
-        # alive[i]: the nodes holding all of hashes[0..i] (a running AND of the masks, in
-        # C, stopped once no node is left); it only loses bits, so it never increases and
-        # each node's run ends where its bit goes: found by bisection, one per change
-        alive = list(takewhile(bool, accumulate(map(self._device.get, hashes, repeat(0)), and_)))
-        start, end_all = 0, len(alive)
-        while start < end_all:
-            value = alive[start]
-            end = bisect_right(alive, -value, lo=start, key=neg)
-            after = alive[end] if end < end_all else 0
-            for node in _bits(value & ~after):
-                device_len[node] = end
-            start = end
+        device_len = _runs_by_node(map(self._device.get, hashes, repeat(0)), (1 << n) - 1, [0] * n)
         host = self._host
+        shared = self._shared
+        if len(shared) > _MAX_SHARED_MATCHES:
+            shared.clear()
+        get, add = shared.get, shared.setdefault
         if not host:
-            shared = self._device_only
-            if len(shared) > _MAX_SHARED_MATCHES:
-                shared.clear()
-            get, add = shared.get, shared.setdefault
             return [get(k) or add(k, PrefixMatch(k, 0)) for k in device_len]
-        out = []
-        for node in range(n):
-            start = device_len[node]
-            bit = 1 << node
-            run = 0
-            for h in hashes[start:]:
-                if not host.get(h, 0) & bit:
-                    break
-                run += 1
-            out.append(PrefixMatch(start, run))
-        return out
+        # each node's host run starts where its device run ends: the nodes whose device
+        # runs end at one place walk the host masks from there together
+        starts: dict[int, int] = {}
+        for node, start in enumerate(device_len):
+            starts[start] = starts.get(start, 0) | 1 << node
+        host_len = [0] * n
+        host_get = host.get
+        for start, nodes in starts.items():
+            _runs_by_node(map(host_get, hashes[start:], repeat(0)), nodes, host_len)
+        return [
+            get(key) or add(key, PrefixMatch(d, h))
+            for d, h, key in zip(
+                device_len, host_len, map(_pair_key, device_len, host_len), strict=True
+            )
+        ]
+
+
+def _pair_key(num_device: int, num_host: int) -> int:
+    return num_device if not num_host else num_device | num_host << 32
+
+
+def _runs_by_node(masks: Iterable[int], nodes: int, runs: list[int]) -> list[int]:
+    """Write into `runs` each of `nodes`' (a bitmask) leading run of blocks whose masks
+    have its bit; returns `runs`. A running AND of the masks (in C, stopped once no node
+    is left) only loses bits, so it never increases and each node's run ends where its
+    bit goes: found by bisection, one per change."""
+    alive = list(takewhile(bool, accumulate(masks, and_, initial=nodes)))
+    start, end_all = 1, len(alive)
+    while start < end_all:
+        value = alive[start]
+        end = bisect_right(alive, -value, lo=start, key=neg)
+        after = alive[end] if end < end_all else 0
+        for node in _bits(value & ~after):
+            runs[node] = end - 1
+        start = end
+    return runs
 
 
 def _bits(mask: int) -> list[int]:

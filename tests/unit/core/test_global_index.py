@@ -127,6 +127,9 @@ def test_host_runs_agree_with_a_walk_per_node(held: list[tuple[set[int], set[int
         while device + host < len(held) and node in held[device + host][1]:
             host += 1
         assert (got[node].num_device_blocks, got[node].num_host_blocks) == (device, host)
+        twin = got[(node + 1) % num_nodes]
+        if twin == got[node]:  # equal answers are one (frozen) object
+            assert twin is got[node]
 
 
 def test_equal_masks_are_one_object() -> None:
