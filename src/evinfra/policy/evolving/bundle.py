@@ -46,6 +46,7 @@ OPTIONS = (
     "ttft_target_s",
     "split_by_latency",
     "tier_messages",
+    "max_candidates",
 )
 
 
@@ -144,6 +145,7 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
             remote_decode_stall=get_bool(options, "remote_decode_stall", False),
             inflight_step_wait=get_bool(options, "inflight_step_wait", False),
             step_phase_wait=get_bool(options, "step_phase_wait", False),
+            max_candidates=get_int(options, "max_candidates", 8, min_value=1),
         ),
     )
     fraction = None
