@@ -329,6 +329,8 @@ class TieredEviction:
         self._rescore(pairs)
 
     def rescore(self, block_ids: Iterable[int]) -> None:
+        """`rescore_hashes` by block id (tests and debugging: the hashes are found in one
+        pass over every candidate; the pool's path is `rescore_hashes`)."""
         ids = list(block_ids)
         wanted = set(ids)
         held = {b: h for b, h in self._queue.items() if b in wanted}
