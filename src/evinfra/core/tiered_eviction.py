@@ -178,7 +178,7 @@ class TieredEviction:
                 out += ids[:num_taken]
                 just_scored = None
             elif lane is not None:
-                just_scored = self._move_up(_PENDING, ids, hashes, lane)
+                just_scored = self._move_up(_PENDING, ids, hashes, lane, _SCORE_BATCH)
             else:
                 just_scored = self._settle_each(
                     _PENDING, _FLOOR, ids, hashes, scores, out, num_blocks
@@ -196,25 +196,28 @@ class TieredEviction:
         Old heads of the active tier are often of sessions that have gone away since."""
         lane = self._lowest_tier()
         assert lane is not None, "no scored candidate"
-        ids, hashes = self._queue.front(min(num_blocks - len(out), _SCORE_BATCH), lane)
+        num_asked = min(num_blocks - len(out), _SCORE_BATCH)
+        ids, hashes = self._queue.front(num_asked, lane)
         new_lane, scores = self._read_run(hashes)
         if new_lane is None:
             self._settle_each(lane, lane, ids, hashes, scores, out, num_blocks)
         elif new_lane > lane:
-            self._move_up(lane, ids, hashes, new_lane)
+            self._move_up(lane, ids, hashes, new_lane, num_asked)
         else:  # all still in their tier, or all moved down: all victims
             self.num_scored += len(ids) if new_lane == lane else 2 * len(ids)
             self._queue.take_front(len(ids), lane)
             out += ids
 
-    def _move_up(self, lane: int, ids: list[int], hashes: list[int], to_lane: int) -> int:
-        """The blocks `ids` at the front of `lane`, all scored `to_lane` (above every
-        victim this pass takes), enter it; so do as many of the blocks after them in
-        their run as the run scorer puts there too, read in parts that double (`pop`
-        would read them all in turn before any victim: none of them is one). Returns the
-        last block moved."""
+    def _move_up(
+        self, lane: int, ids: list[int], hashes: list[int], to_lane: int, num_asked: int
+    ) -> int:
+        """The blocks `ids` at the front of `lane` (read asking `front` for
+        `num_asked`), all scored `to_lane` (above every victim this pass takes), enter
+        it; so do as many of the blocks after them in their run as the run scorer puts
+        there too, read in parts that double (`pop` would read them all in turn before
+        any victim: none of them is one). Returns the last block moved."""
         num = len(ids)
-        if num == _SCORE_BATCH:  # the run may go on
+        if num == num_asked:  # not cut short by the run's end: the run may go on
             ids, hashes = self._queue.front(_WHOLE, lane)
             while num < len(ids):
                 more = min(2 * num, len(ids))
@@ -304,7 +307,7 @@ class TieredEviction:
                 queue.take_front(1, _PENDING)
                 return ids[0], just_scored
             if lane is not None:
-                just_scored = self._move_up(_PENDING, ids, hashes, lane)
+                just_scored = self._move_up(_PENDING, ids, hashes, lane, num_read)
             else:
                 out: list[int] = []
                 last = self._settle_each(_PENDING, _FLOOR, ids, hashes, scores, out, 1)

@@ -115,6 +115,30 @@ def test_a_run_scored_into_one_tier_moves_there_whole() -> None:
     assert len(ev) == 0
 
 
+def test_a_scored_run_whose_tier_rises_moves_whole_when_few_victims_are_wanted() -> None:
+    """The head run of the lowest scored tier, its session back (a higher tier now),
+    moves up whole even when `pop_many` wants fewer blocks than a read: it stays one
+    untouched run, and the run scorer reads it in a few doubling parts."""
+    tier_of = {h: -1.0 for h in range(51)} | {60: -2.0}
+    num_reads = [0]
+
+    def score_run(hashes: list[int]) -> list[float]:
+        num_reads[0] += 1
+        return [tier_of[h] for h in hashes]
+
+    ev = TieredEviction(tier_of.__getitem__, TIERS, score_run)
+    ev.bind_blocks([0] * 64)
+    ev.add_many(list(range(40)), list(range(40)))
+    ev.add_many([50], [50])
+    ev.add_many([60], [60])
+    assert ev.pop_many(1) == [60]
+    tier_of.update({h: 0.0 for h in range(40)})  # the session came back
+    num_reads[0] = 0
+    assert ev.pop_many(1) == [50]
+    assert ev.run_at(0) == 40 and ev.order() == list(range(40))
+    assert num_reads[0] <= 8
+
+
 def test_unknown_score_and_bad_tiers_are_errors() -> None:
     with pytest.raises(ValueError, match="ascending"):
         TieredEviction(lambda h: 0.0, (0.0, -1.0))
