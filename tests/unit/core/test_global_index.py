@@ -1,7 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evinfra.core.global_index import GlobalBlockIndex
+from evinfra.core.global_index import GlobalBlockIndex, _flip, _flip_many
 from evinfra.core.kv_pool import KVPool
 
 
@@ -149,3 +149,25 @@ def test_equal_masks_are_one_object() -> None:
     assert masks[0] == (1 << 33 | 1 << 35)
     assert all(m is masks[0] for m in masks)
     assert [m.num_device_blocks for m in index.match_all([1, 2, 3, 4, 5])][33:36] == [4, 0, 4]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.booleans(), st.lists(st.integers(0, 7), max_size=8)),
+        max_size=30,
+    )
+)
+def test_flip_many_is_flip_in_turn(steps: list[tuple[int, bool, list[int]]]) -> None:
+    # keys may repeat inside a call; masks that empty leave the table; equal masks are
+    # one object
+    many: dict[int, int] = {}
+    one: dict[int, int] = {}
+    many_masks: dict[int, int] = {}
+    one_masks: dict[int, int] = {}
+    for node, present, keys in steps:
+        _flip_many(many, keys, 1 << node, present, many_masks)
+        for key in keys:
+            _flip(one, key, 1 << node, present, one_masks)
+        assert many == one and 0 not in many.values()
+        assert all(mask is many_masks[mask] for mask in many.values())
