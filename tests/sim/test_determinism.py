@@ -82,3 +82,10 @@ def test_cli_errors_name_the_field_and_summary_is_written(tmp_path: Path) -> Non
         assert key in data
     assert json.loads((out / "config.json").read_text())["workload"] == "math"
     assert "mean e2e" in ok.stdout
+
+
+def test_kv_moved_splits_into_hand_offs_pulls_and_migrations() -> None:
+    s = run_sim(SimConfig(system="evolving", seed=0, **SMALL)).summary
+    parts = ("kv_bytes_handed_off", "kv_bytes_pulled", "kv_bytes_migrated")
+    assert sum(s[k] for k in parts) == s["kv_bytes_moved"]
+    assert s["prefix_pulls"] > 0 and s["kv_bytes_pulled"] > 0 and s["kv_bytes_handed_off"] > 0

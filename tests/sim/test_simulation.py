@@ -3,7 +3,7 @@ import itertools
 import pytest
 
 from evinfra.core.types import Role, RoleChange, SwitchMode
-from evinfra.sim.metrics import RequestRecord
+from evinfra.sim.metrics import RequestRecord, summarize
 from evinfra.workloads.types import SessionArrival
 from tests.sim.toy import make_session, make_sim
 
@@ -46,6 +46,10 @@ def test_disaggregated_moves_kv_and_ttft_includes_transfer() -> None:
     recs = list(metrics.records.values())
     assert all(r.num_transfer_bytes > 0 for r in recs)
     assert all(r.prefill_node == 0 and r.decode_node == 1 for r in recs)
+    # all of it is the hand-off: nothing pulled, nothing migrated
+    assert all(r.num_pulled_bytes == r.num_migrated_bytes == 0 for r in recs)
+    summary = summarize(metrics, warmup_s=0.0, end_s=100.0, num_gpus=2)
+    assert summary["kv_bytes_handed_off"] == summary["kv_bytes_moved"] > 0
     first = min(recs, key=lambda r: r.request_id)
     # 356 prompt tokens: prefill step = 10 ms + 35.6 ms, then the transfer (>= 1 ms)
     assert first.ttft_s is not None and first.ttft_s > 0.0456 + 0.001
@@ -118,3 +122,38 @@ def test_calls_are_held_while_every_node_restarts_and_none_is_lost() -> None:
     # calls sent during the cold start waited for it
     assert max(r.ttft_s or 0.0 for r in recs) > 3.0
     assert metrics.role_switches == 2
+
+
+class _DecodeNodeTurnsPrefill:
+    """A planner that turns node 0, decoding the long calls, into a prefill node at 1 s."""
+
+    interval_s = 1.0
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def observe(self, observation: object) -> None:
+        pass
+
+    def plan(self, view: object, now_s: float) -> list[RoleChange]:
+        if self.done:
+            return []
+        self.done = True
+        return [RoleChange(0, Role.PREFILL, SwitchMode.IN_PLACE)]
+
+
+def test_migrated_decodes_count_their_kv_as_migrated() -> None:
+    sessions = [
+        SessionArrival(0.0, make_session(f"m{i}", 1, 64, 400, think_s=0.0)) for i in range(2)
+    ]
+    sim = make_sim(sessions)
+    sim.bundle.planner = _DecodeNodeTurnsPrefill()
+    sim.bundle.migrate_on_switch = True
+    metrics = sim.run()
+    recs = list(metrics.records.values())
+    moved = [r for r in recs if r.decode_node == 1]
+    assert metrics.migrated_seqs == len(moved) >= 1
+    assert all(r.num_migrated_bytes == r.num_transfer_bytes > 0 for r in moved)
+    summary = summarize(metrics, warmup_s=0.0, end_s=100.0, num_gpus=2)
+    assert summary["kv_bytes_migrated"] == summary["kv_bytes_moved"]
+    assert summary["kv_bytes_handed_off"] == summary["kv_bytes_pulled"] == 0

@@ -27,6 +27,9 @@ SUMMARY_ROWS = (
     ("KV hit rate", "kv_hit_rate", "{:.3f}"),
     ("recomputed tokens", "recomputed_tokens", "{:.0f}"),
     ("KV bytes moved (GB)", "kv_bytes_moved", "{:.2f}"),
+    ("  handed off (GB)", "kv_bytes_handed_off", "{:.2f}"),
+    ("  pulled (GB)", "kv_bytes_pulled", "{:.2f}"),
+    ("  migrated (GB)", "kv_bytes_migrated", "{:.2f}"),
     ("role switches", "role_switches", "{:.0f}"),
     ("sim events", "sim_events", "{:.0f}"),
     ("wall (s)", "wall_s", "{:.1f}"),
@@ -38,7 +41,7 @@ def format_value(key: str, value: Any, fmt: str) -> str:
         return "n/a"
     if key == "mean_tpot_s":
         value = value * 1000
-    if key == "kv_bytes_moved":
+    if key.startswith("kv_bytes_"):
         value = value / 1e9
     return fmt.format(value)
 

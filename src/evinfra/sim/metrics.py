@@ -27,6 +27,12 @@ class RequestRecord:
     num_host_cached_tokens: int = 0
     num_recomputed_tokens: int = 0
     num_transfer_bytes: int = 0
+    """KV moved between nodes for this request: the hand-off from its prefill node to its
+    decode node, a prefix pulled before its prefill, and a migration."""
+    num_pulled_bytes: int = 0
+    """Of `num_transfer_bytes`, the prefix pulled from another node before the prefill."""
+    num_migrated_bytes: int = 0
+    """Of `num_transfer_bytes`, what moved when its running decode migrated."""
     num_preemptions: int = 0
 
     @property
@@ -97,6 +103,9 @@ def summarize(
     cached = sum(r.num_cached_tokens for r in done)
     host = sum(r.num_host_cached_tokens for r in done)
     span_s = max(end_s - warmup_s, 1e-9)
+    moved = sum(r.num_transfer_bytes for r in done)
+    pulled = sum(r.num_pulled_bytes for r in done)
+    migrated = sum(r.num_migrated_bytes for r in done)
     out_tokens = sum(r.num_output_tokens for r in done if r.finish_s is not None)
     sessions_done = [
         metrics.session_end_s[s] - metrics.session_start_s[s]
@@ -125,7 +134,10 @@ def summarize(
         "kv_device_hit_rate": (cached - host) / prompt if prompt else 0.0,
         "kv_host_hit_rate": host / prompt if prompt else 0.0,
         "recomputed_tokens": sum(r.num_recomputed_tokens for r in done),
-        "kv_bytes_moved": sum(r.num_transfer_bytes for r in done),
+        "kv_bytes_moved": moved,
+        "kv_bytes_handed_off": moved - pulled - migrated,
+        "kv_bytes_pulled": pulled,
+        "kv_bytes_migrated": migrated,
         "num_preemptions": sum(r.num_preemptions for r in done),
         "role_switches": metrics.role_switches,
         "migrated_seqs": metrics.migrated_seqs,

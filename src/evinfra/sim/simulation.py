@@ -327,7 +327,9 @@ class Simulation:
         node = self.nodes[dst]
         num_bytes = len(moving) * node.sched.block_size * node.cost.kv_bytes_per_token
         end = self.links.schedule(self.now_s, src, dst, num_bytes, len(moving))
-        self.metrics.records[rid].num_transfer_bytes += num_bytes
+        record = self.metrics.records[rid]
+        record.num_transfer_bytes += num_bytes
+        record.num_pulled_bytes += num_bytes
         self.metrics.num_prefix_pulls += 1
 
         def arrived() -> None:
@@ -481,7 +483,10 @@ class Simulation:
         end = self.links.schedule(self.now_s, src, dst, num_bytes, num_blocks)
         if not migrate:
             end += self.settings.handoff_overhead_s  # not on the wire: the link is free
-        self.metrics.records[rid].num_transfer_bytes += num_bytes
+        record = self.metrics.records[rid]
+        record.num_transfer_bytes += num_bytes
+        if migrate:
+            record.num_migrated_bytes += num_bytes
         self.events.push(
             end, Phase.TRANSFER_DONE, lambda: self._on_transfer_done(src, dst, rid, migrate)
         )
