@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,20 @@ from evinfra.sim.simulation import Progress, SimSettings, Simulation
 from evinfra.workloads.requests import PrefixHashCache, make_request
 from evinfra.workloads.types import SessionPlan, Workload
 
-RACK_GPUS = 72  # GB300/GB200 NVL72: one NVLink domain (CATALOG.md)
+
+def link_domain(node_id: int, gpus_per_node: int, domain_gpus: int) -> int:
+    """The NVLink domain of a node (the GPU's `nvlink_domain_size` GPUs: an NVL72 rack, an
+    8-GPU HGX board), by its first GPU; transfers leave a domain over the NICs."""
+    return node_id * gpus_per_node // domain_gpus
+
+
+def same_domain_share(num_nodes: int, gpus_per_node: int, domain_gpus: int) -> float:
+    """Of the ordered pairs of distinct nodes, the share inside one NVLink domain (1 with
+    fewer than two nodes)."""
+    if num_nodes < 2:
+        return 1.0
+    sizes = Counter(link_domain(i, gpus_per_node, domain_gpus) for i in range(num_nodes))
+    return sum(n * (n - 1) for n in sizes.values()) / (num_nodes * (num_nodes - 1))
 
 
 @dataclass(slots=True)
@@ -83,9 +97,26 @@ def build_workload(cfg: SimConfig) -> Workload:
         raise ConfigError(f"workload: {exc}") from None
 
 
-def build_bundle(cfg: SimConfig, spec: NodeSpec, cost: CostModel) -> SystemBundle:
+def expected_transfer_time_s(cfg: SimConfig, spec: NodeSpec) -> Callable[[int], float]:
+    """What the policies are told a KV transfer takes (`ClusterShape.transfer_time_s`,
+    which names no nodes): to another node drawn at random, inside its NVLink domain or
+    over the NICs, by the share of node pairs inside one."""
+    share = same_domain_share(cfg.num_nodes, cfg.gpus_per_node, spec.gpu.nvlink_domain_size)
+
     def transfer_time_s(num_bytes: int) -> float:
-        return spec.transfer_time_s(num_bytes, same_rack=True)
+        inside = spec.transfer_time_s(num_bytes, same_rack=True)
+        if share == 1.0:
+            return inside
+        across = spec.transfer_time_s(num_bytes, same_rack=False)
+        if across == inside:  # descriptor-bound both ways: exactly as before
+            return inside
+        return share * inside + (1.0 - share) * across
+
+    return transfer_time_s
+
+
+def build_bundle(cfg: SimConfig, spec: NodeSpec, cost: CostModel) -> SystemBundle:
+    transfer_time_s = expected_transfer_time_s(cfg, spec)
 
     shape = ClusterShape(
         num_nodes=cfg.num_nodes,
@@ -137,9 +168,13 @@ def build_simulation(
         nodes.append(SimNode(NodeScheduler(i, pool, sched_cfg, role), cost, (1 << 30) / host_bw))
     gpus_per_node = cfg.gpus_per_node
 
+    domain_gpus = spec.gpu.nvlink_domain_size
+
     def transfer_time_s(src: int, dst: int, num_bytes: int, num_blocks: int) -> float:
-        same_rack = (src * gpus_per_node) // RACK_GPUS == (dst * gpus_per_node) // RACK_GPUS
-        return spec.transfer_time_s(num_bytes, same_rack)
+        same_domain = link_domain(src, gpus_per_node, domain_gpus) == link_domain(
+            dst, gpus_per_node, domain_gpus
+        )
+        return spec.transfer_time_s(num_bytes, same_domain)
 
     workload = build_workload(cfg)
     cache = PrefixHashCache()
