@@ -90,22 +90,20 @@ def test_a_call_no_node_can_hold_is_rejected_not_stuck() -> None:
     assert {r.session_id for r in metrics.records.values()} == {"small"}
 
 
-class _RestartAll:
-    """A planner that restarts every node once, at 1 s."""
+class _PlanOnce:
+    """A planner that asks for `changes` once, at 1 s."""
 
     interval_s = 1.0
 
-    def __init__(self) -> None:
-        self.done = False
+    def __init__(self, changes: list[RoleChange]) -> None:
+        self.changes: list[RoleChange] | None = changes
 
     def observe(self, observation: object) -> None:
         pass
 
     def plan(self, view: object, now_s: float) -> list[RoleChange]:
-        if self.done:
-            return []
-        self.done = True
-        return [RoleChange(i, Role.MIXED, SwitchMode.RESTART) for i in range(2)]
+        changes, self.changes = self.changes or [], None
+        return changes
 
 
 def test_calls_are_held_while_every_node_restarts_and_none_is_lost() -> None:
@@ -113,7 +111,9 @@ def test_calls_are_held_while_every_node_restarts_and_none_is_lost() -> None:
         SessionArrival(0.1 * i, make_session(f"r{i}", 3, 40, 10, think_s=0.5)) for i in range(4)
     ]
     sim = make_sim(sessions)
-    sim.bundle.planner = _RestartAll()
+    sim.bundle.planner = _PlanOnce(
+        [RoleChange(i, Role.MIXED, SwitchMode.RESTART) for i in range(2)]
+    )
     sim.bundle.switch_mode = SwitchMode.RESTART
     sim.bundle.cold_start_s = 5.0
     metrics = sim.run()
@@ -124,30 +124,13 @@ def test_calls_are_held_while_every_node_restarts_and_none_is_lost() -> None:
     assert metrics.role_switches == 2
 
 
-class _DecodeNodeTurnsPrefill:
-    """A planner that turns node 0, decoding the long calls, into a prefill node at 1 s."""
-
-    interval_s = 1.0
-
-    def __init__(self) -> None:
-        self.done = False
-
-    def observe(self, observation: object) -> None:
-        pass
-
-    def plan(self, view: object, now_s: float) -> list[RoleChange]:
-        if self.done:
-            return []
-        self.done = True
-        return [RoleChange(0, Role.PREFILL, SwitchMode.IN_PLACE)]
-
-
 def test_migrated_decodes_count_their_kv_as_migrated() -> None:
     sessions = [
         SessionArrival(0.0, make_session(f"m{i}", 1, 64, 400, think_s=0.0)) for i in range(2)
     ]
     sim = make_sim(sessions)
-    sim.bundle.planner = _DecodeNodeTurnsPrefill()
+    # node 0, decoding both calls, turns prefill at 1 s
+    sim.bundle.planner = _PlanOnce([RoleChange(0, Role.PREFILL, SwitchMode.IN_PLACE)])
     sim.bundle.migrate_on_switch = True
     metrics = sim.run()
     recs = list(metrics.records.values())
