@@ -166,15 +166,12 @@ def build_simulation(
         )
         host_bw = spec.host_transfer_time_s(1 << 30)
         nodes.append(SimNode(NodeScheduler(i, pool, sched_cfg, role), cost, (1 << 30) / host_bw))
-    gpus_per_node = cfg.gpus_per_node
-
-    domain_gpus = spec.gpu.nvlink_domain_size
+    domain_of = [
+        link_domain(i, cfg.gpus_per_node, spec.gpu.nvlink_domain_size) for i in range(cfg.num_nodes)
+    ]
 
     def transfer_time_s(src: int, dst: int, num_bytes: int, num_blocks: int) -> float:
-        same_domain = link_domain(src, gpus_per_node, domain_gpus) == link_domain(
-            dst, gpus_per_node, domain_gpus
-        )
-        return spec.transfer_time_s(num_bytes, same_domain)
+        return spec.transfer_time_s(num_bytes, domain_of[src] == domain_of[dst])
 
     workload = build_workload(cfg)
     cache = PrefixHashCache()
