@@ -47,6 +47,9 @@ def test_closed_loop_replay_summarises_with_the_sim_keys(server: ServerProcess) 
     assert not math.isnan(summary["p95_itl_s"])
     # later calls of a session resend its history: the server's cache serves part of it
     assert summary["kv_hit_rate"] > 0.2
+    # the server reports what it moved (here nothing: least-loaded keeps a call on one
+    # node), so the sum is a known 0, not unknown
+    assert summary["kv_bytes_moved"] == 0 == summary["kv_bytes_pulled"]
     traces = result.traces
     assert len(traces) == 12
     for t in traces:
@@ -122,3 +125,55 @@ def test_timed_server_streams_visible_text_with_every_token(server: ServerProces
                     contents.append(content)
     text = [c for c in contents if c]
     assert len(text) == 48 and all(len(c) == 1 and c.isprintable() for c in text)
+
+
+def _counter(server: ServerProcess, name: str) -> int:
+    for line in server.get("/metrics").text.splitlines():
+        if line.startswith(f"evinfra_{name} "):
+            return int(line.split()[1])
+    raise AssertionError(f"no evinfra_{name}")
+
+
+def test_replay_sums_the_kv_a_disaggregated_server_moves() -> None:
+    """Prefill on node 0, decode on node 1: every call's KV is handed off, the server says
+    how many bytes in each response's usage, and the replay's summary adds up to the
+    server's own counter."""
+    args = [
+        "--executor", "timed", "--model", "tiny", "--num-nodes", "2", "--num-blocks", "512",
+        "--system", "dynamo", "--system-option", "num_prefill_nodes=1",
+        "--system-option", "conditional_disagg=false", "--system-option", "planner=none",
+    ]  # fmt: skip
+    with ServerProcess(args) as srv:
+        before = _counter(srv, "kv_transfer_bytes_total")
+        workload = make_workload("coding", seed=3, concurrency=2, num_sessions=3)
+        settings = ReplaySettings(url=srv.url, max_requests=6, max_duration_s=30.0,
+                                  token_scale=0.05)  # fmt: skip
+        result = run_replay(settings, workload)
+        moved = _counter(srv, "kv_transfer_bytes_total") - before
+        assert _counter(srv, "kv_pulled_bytes_total") == 0
+    summary = result.summary
+    assert summary["num_requests"] == 6 and summary["num_errors"] == 0
+    assert summary["kv_bytes_moved"] == moved > 0
+    assert summary["kv_bytes_handed_off"] == moved and summary["kv_bytes_pulled"] == 0
+    # each call says (0 where the decode node held every full block of it already)
+    assert all(t.num_handed_off_bytes is not None for t in result.traces)
+    assert sum(t.num_handed_off_bytes or 0 for t in result.traces) == moved
+
+
+def test_usage_of_a_response_cut_by_a_stop_string_counts_its_cached_prompt() -> None:
+    """A stop string ends the response while the server still runs the request: its usage
+    still reports the prompt tokens served from cache (set as the prefill reports them,
+    not when the request finishes). One node, so the second call finds the first's KV."""
+    ids = [5 + (i * 31) % 200 for i in range(100)]
+    body: dict[str, object] = {"model": "tiny", "prompt": ids, "max_tokens": 200,
+                               "temperature": 0.0, "ignore_eos": True}  # fmt: skip
+    args = ["--executor", "timed", "--model", "tiny", "--num-nodes", "1", "--num-blocks", "64"]
+    with ServerProcess(args) as srv:
+        first = srv.post("/v1/completions", json=body).json()
+        text = first["choices"][0]["text"]
+        stop = text[3:6]
+        assert len(text) == 200 and text.index(stop) == 3
+        cut = srv.post("/v1/completions", json=body | {"stop": [stop]}).json()
+    assert cut["choices"][0]["finish_reason"] == "stop"
+    assert cut["choices"][0]["text"] == text[:3]
+    assert cut["usage"]["prompt_tokens_details"]["cached_tokens"] == 96  # 6 blocks of 16

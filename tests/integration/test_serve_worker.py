@@ -126,6 +126,7 @@ def test_disaggregated_equals_aggregated_and_frees_everything() -> None:
         assert got == agg.tokens(rid)[0] and len(got) == 10 and finish is FinishReason.LENGTH
     moved = sum(e.num_transfer_bytes for e in dis.events if isinstance(e, TokensOut))
     assert moved > 0
+    assert all(e.num_pulled_bytes == 0 for e in dis.events if isinstance(e, TokensOut))
     for w in dis.workers + agg.workers:
         w.sched.check_integrity()
         assert w.sched.is_idle and w.sched.pool.num_used_blocks == 0 and not w.jobs
@@ -275,6 +276,8 @@ def test_prefix_pull_moves_the_holders_blocks_and_keeps_the_output() -> None:
     assert puller.num_prefix_pulls == 1 and puller.num_prefix_blocks_pulled == 4
     moved = sum(e.num_transfer_bytes for e in c.events if isinstance(e, TokensOut))
     assert moved == 4 * BLOCK * puller.executor.kv_bytes_per_token
+    # prefilled and decoded on node 1: all of it is the pull, none a hand-off
+    assert sum(e.num_pulled_bytes for e in c.events if isinstance(e, TokensOut)) == moved
     for w in c.workers:
         w.sched.check_integrity()
         assert w.sched.pool.num_used_blocks == 0 and not w.jobs and not w._pulling

@@ -157,7 +157,7 @@ class Frontend:
             handle.abort()
         choice = meta.choice(text.text, finish, body.return_token_ids, text.token_ids)
         payload = meta.envelope([choice])
-        payload["usage"] = usage(handle.num_prompt_tokens, text.num_tokens, meta.cached())
+        payload["usage"] = meta.usage(text.num_tokens)
         return JSONResponse(payload)
 
     async def _stream(
@@ -184,7 +184,7 @@ class Frontend:
                 choice = meta.choice(delta, finish, body.return_token_ids, delta_ids)
                 chunk = meta.envelope([choice])
                 if finish is not None:
-                    use = usage(handle.num_prompt_tokens, text.num_tokens, meta.cached())
+                    use = meta.usage(text.num_tokens)
                     chunk["usage"] = use
                     yield _sse(chunk)
                     if include_usage:
@@ -281,8 +281,12 @@ class _Meta:
         self.id = f"{prefix}-{handle.request_id}"
         self.created = int(time.time())
 
-    def cached(self) -> int:
-        return self.handle.num_cached_tokens
+    def usage(self, num_completion: int) -> dict[str, Any]:
+        h = self.handle
+        return usage(
+            h.num_prompt_tokens, num_completion, h.num_cached_tokens,
+            h.num_transfer_bytes, h.num_pulled_bytes,
+        )  # fmt: skip
 
     def choice(
         self,

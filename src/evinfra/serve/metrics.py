@@ -60,6 +60,7 @@ class ServerMetrics:
     num_cached_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_kv_bytes_moved: int = 0
+    num_kv_bytes_pulled: int = 0
     num_prefix_pulls: int = 0
     num_role_switches: int = 0
     num_node_failures: int = 0
@@ -88,6 +89,7 @@ class ServerMetrics:
             ("cached_prompt_tokens_total", self.num_cached_prompt_tokens, "Prompt tokens hit."),
             ("output_tokens_total", self.num_output_tokens, "Output tokens streamed."),
             ("kv_transfer_bytes_total", self.num_kv_bytes_moved, "KV bytes moved between nodes."),
+            ("kv_pulled_bytes_total", self.num_kv_bytes_pulled, "Of those, prefixes pulled."),
             ("kv_prefix_pulls_total", self.num_prefix_pulls, "Prefills told to pull a prefix."),
             ("role_switches_total", self.num_role_switches, "Node role changes ordered."),
             ("node_failures_total", self.num_node_failures, "Node processes that died."),

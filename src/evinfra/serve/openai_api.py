@@ -197,10 +197,24 @@ def requested_max_tokens(body: _Common, prompt_len: int, max_context_tokens: int
     return requested
 
 
-def usage(num_prompt: int, num_completion: int, num_cached: int) -> dict[str, Any]:
+def usage(
+    num_prompt: int,
+    num_completion: int,
+    num_cached: int,
+    num_transfer_bytes: int = 0,
+    num_pulled_bytes: int = 0,
+) -> dict[str, Any]:
+    """OpenAI's usage object, plus evinfra's `kv_transfer_details`: the KV bytes moved
+    between nodes for the request, split into the hand-off from its prefill node to its
+    decode node and a prefix pulled from another node before its prefill (a client that
+    does not know the field ignores it; `evinfra replay` sums it)."""
     return {
         "prompt_tokens": num_prompt,
         "completion_tokens": num_completion,
         "total_tokens": num_prompt + num_completion,
         "prompt_tokens_details": {"cached_tokens": num_cached},
+        "kv_transfer_details": {
+            "handed_off_bytes": num_transfer_bytes - num_pulled_bytes,
+            "pulled_bytes": num_pulled_bytes,
+        },
     }

@@ -174,7 +174,9 @@ class TokensOut:
     """New output tokens of one request (the stop token excluded), and its end if it ended.
 
     `num_cached_tokens` (prompt tokens served from this node's cache) rides on the first
-    message of a request from its prefill node."""
+    message of a request from its prefill node; `num_transfer_bytes` on the message of the
+    node that received KV for it (a hand-off, or a prefix pulled before its prefill, which
+    `num_pulled_bytes` names)."""
 
     node_id: int
     request_id: int
@@ -182,6 +184,7 @@ class TokensOut:
     finish: FinishReason | None = None
     num_cached_tokens: int | None = None
     num_transfer_bytes: int = 0
+    num_pulled_bytes: int = 0
     num_preemptions: int = 0
 
 

@@ -27,7 +27,7 @@ import httpx
 import numpy as np
 
 from evinfra.core.blocks import Segment
-from evinfra.sim.metrics import Metrics, RequestRecord, summarize
+from evinfra.sim.metrics import KV_BYTES_KEYS, Metrics, RequestRecord, summarize
 from evinfra.workloads.replay import CallRef, ClosedLoopTracker, ScheduledCall
 from evinfra.workloads.requests import make_hints, render_tokens
 from evinfra.workloads.types import SessionArrival, Workload
@@ -104,6 +104,11 @@ class Trace:
     chunk_s: list[float] = field(default_factory=list)
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+    num_handed_off_bytes: int | None = None
+    """KV bytes the server moved for this call from its prefill node to its decode node,
+    None where the server does not say (`usage.kv_transfer_details`, evinfra's own)."""
+    num_pulled_bytes: int | None = None
+    """KV bytes of a prefix the server pulled from another node for this call."""
     finish_s: float | None = None
     error: str | None = None
 
@@ -117,7 +122,9 @@ class Trace:
             "request_id": self.request_id, "session_id": self.session_id,
             "send_s": self.send_s, "num_prompt_tokens": self.num_prompt_tokens,
             "num_output_tokens": self.num_output_tokens,
-            "num_cached_tokens": self.num_cached_tokens, "ttft_s": ttft, "e2e_s": e2e,
+            "num_cached_tokens": self.num_cached_tokens,
+            "num_handed_off_bytes": self.num_handed_off_bytes,
+            "num_pulled_bytes": self.num_pulled_bytes, "ttft_s": ttft, "e2e_s": e2e,
             "itl_s": self.itl_s(), "error": self.error,
         }  # fmt: skip
 
@@ -337,6 +344,10 @@ class Replayer:
             trace.num_output_tokens = int(use.get("completion_tokens", 0))
             details = use.get("prompt_tokens_details") or {}
             trace.num_cached_tokens = int(details.get("cached_tokens") or 0)
+            kv = use.get("kv_transfer_details")
+            if isinstance(kv, dict):
+                trace.num_handed_off_bytes = int(kv.get("handed_off_bytes") or 0)
+                trace.num_pulled_bytes = int(kv.get("pulled_bytes") or 0)
         return False
 
     def _summary(self, end_s: float) -> dict[str, Any]:
@@ -350,11 +361,17 @@ class Replayer:
                 rec.first_token_s = t.chunk_s[0] if t.chunk_s else t.finish_s
                 rec.finish_s = t.finish_s
             rec.num_cached_tokens = t.num_cached_tokens
+            rec.num_pulled_bytes = t.num_pulled_bytes or 0
+            rec.num_transfer_bytes = (t.num_handed_off_bytes or 0) + rec.num_pulled_bytes
             self.metrics.records[t.request_id] = rec
         summary: dict[str, Any] = {"system": self.s.label or self._model}
         summary.update(
             summarize(self.metrics, warmup_s=self.s.warmup_s, end_s=end_s, num_gpus=self.s.num_gpus)
         )
+        if not any(t.num_handed_off_bytes is not None for t in self.traces):
+            # a server that does not report its transfers (Dynamo): unknown, not zero
+            for key in KV_BYTES_KEYS:
+                summary[key] = math.nan
         itl = np.array([g for t in self.traces if t.error is None for g in t.itl_s()], dtype=float)
         for name, q in (("p50", 50), ("p95", 95), ("p99", 99)):
             summary[f"{name}_itl_s"] = float(np.percentile(itl, q)) if len(itl) else math.nan

@@ -33,6 +33,10 @@ class RequestHandle:
         self.request_id = request_id
         self.num_prompt_tokens = num_prompt_tokens
         self.num_cached_tokens = 0
+        self.num_transfer_bytes = 0
+        """KV bytes moved between nodes for this request so far."""
+        self.num_pulled_bytes = 0
+        """Of `num_transfer_bytes`, a prefix pulled from another node before the prefill."""
         self.events: asyncio.Queue[StreamEvent] = asyncio.Queue()
         self.done = False
         self._on_abort = on_abort
@@ -69,6 +73,7 @@ class LiveRequest:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     num_transfer_bytes: int = 0
+    num_pulled_bytes: int = 0
     num_retries: int = 0
 
 

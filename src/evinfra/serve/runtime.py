@@ -401,11 +401,18 @@ class LocalCluster:
         if live is None:
             return
         now = self.now_s()
+        # the handle sees the counts as they come: a response cut by a stop string is
+        # answered before the request finishes here
         if msg.num_cached_tokens is not None:
             live.num_cached_tokens = msg.num_cached_tokens
+            live.handle.num_cached_tokens = msg.num_cached_tokens
         if msg.num_transfer_bytes:
             live.num_transfer_bytes += msg.num_transfer_bytes
+            live.num_pulled_bytes += msg.num_pulled_bytes
+            live.handle.num_transfer_bytes = live.num_transfer_bytes
+            live.handle.num_pulled_bytes = live.num_pulled_bytes
             self.metrics.num_kv_bytes_moved += msg.num_transfer_bytes
+            self.metrics.num_kv_bytes_pulled += msg.num_pulled_bytes
         if msg.token_ids:
             self._clear_incoming(live)
             for _ in msg.token_ids:

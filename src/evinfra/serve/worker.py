@@ -410,7 +410,12 @@ class NodeWorker:
         self.num_prefix_pulls += 1
         self.num_prefix_blocks_pulled += num_installed
         if data:
-            self._send(TokensOut(self.node_id, msg.request_id, (), num_transfer_bytes=len(data)))
+            n = len(data)
+            self._send(
+                TokensOut(
+                    self.node_id, msg.request_id, (), num_transfer_bytes=n, num_pulled_bytes=n
+                )
+            )
         self._admit(pending.submit)
 
     def _install_prefix(self, hashes: tuple[int, ...], data: bytes, block_bytes: int) -> int:

@@ -89,6 +89,10 @@ def _mean(values: np.ndarray) -> float:
     return float(values.mean()) if len(values) else math.nan
 
 
+KV_BYTES_KEYS = ("kv_bytes_moved", "kv_bytes_handed_off", "kv_bytes_pulled", "kv_bytes_migrated")
+"""The summary's KV transfer keys: the whole, then its three parts."""
+
+
 def summarize(
     metrics: Metrics, *, warmup_s: float, end_s: float, num_gpus: int
 ) -> dict[str, float | int]:
