@@ -331,6 +331,9 @@ class Replayer:
         if data == "[DONE]":
             return True
         obj = json.loads(data)
+        if not isinstance(obj, dict):
+            trace.error = f"stream chunk is not a JSON object: {data[:200]}"
+            return True
         if "error" in obj:
             trace.error = str(obj["error"].get("message", obj["error"]))
             return True
@@ -341,13 +344,11 @@ class Replayer:
             trace.chunk_s.append(self.now_s())
         use = obj.get("usage")
         if use:
-            trace.num_output_tokens = int(use.get("completion_tokens", 0))
-            details = use.get("prompt_tokens_details") or {}
-            trace.num_cached_tokens = int(details.get("cached_tokens") or 0)
-            kv = use.get("kv_transfer_details")
-            if isinstance(kv, dict):
-                trace.num_handed_off_bytes = int(kv.get("handed_off_bytes") or 0)
-                trace.num_pulled_bytes = int(kv.get("pulled_bytes") or 0)
+            try:
+                _read_usage(trace, use)
+            except (AttributeError, TypeError, ValueError) as exc:
+                trace.error = f"malformed usage {json.dumps(use)[:200]}: {exc}"
+                return True
         return False
 
     def _summary(self, end_s: float) -> dict[str, Any]:
@@ -387,6 +388,18 @@ class Replayer:
 
 def run_replay(settings: ReplaySettings, workload: Workload) -> ReplayResult:
     return asyncio.run(Replayer(settings, workload).run())
+
+
+def _read_usage(trace: Trace, use: dict[str, Any]) -> None:
+    """The counts of a response's `usage` into its trace (evinfra's `kv_transfer_details`
+    where the server sends it); a field of the wrong type raises."""
+    trace.num_output_tokens = int(use.get("completion_tokens", 0))
+    details = use.get("prompt_tokens_details") or {}
+    trace.num_cached_tokens = int(details.get("cached_tokens") or 0)
+    kv = use.get("kv_transfer_details")
+    if kv is not None:
+        trace.num_handed_off_bytes = int(kv.get("handed_off_bytes") or 0)
+        trace.num_pulled_bytes = int(kv.get("pulled_bytes") or 0)
 
 
 def _finish_only(choice: dict[str, Any]) -> bool:

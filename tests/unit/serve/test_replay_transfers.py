@@ -59,3 +59,15 @@ def test_a_server_that_reports_no_transfers_gives_unknown_not_zero() -> None:
     summary = r._summary(r.now_s() + 1.0)
     assert summary["num_requests"] == 1
     assert all(math.isnan(summary[k]) for k in KV_BYTES_KEYS)
+
+
+def test_malformed_usage_fails_the_call_with_a_message_not_the_replay() -> None:
+    r = _replayer()
+    bad = {"completion_tokens": 2, "kv_transfer_details": {"handed_off_bytes": "lots"}}
+    t = _served(r, 0, bad)
+    assert t.error is not None and "malformed usage" in t.error and "lots" in t.error
+    assert _served(r, 1, {"completion_tokens": 2, "kv_transfer_details": [1]}).error
+    odd = Trace(2, "s0", r.now_s(), 100, 2)
+    r.traces.append(odd)
+    assert r._on_line(odd, "data: [1, 2]") and odd.error is not None
+    assert r._summary(r.now_s() + 1.0)["num_errors"] == 3
