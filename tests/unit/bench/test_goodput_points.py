@@ -1,0 +1,88 @@
+"""benchmarks/goodput_points.py: a goodput search put together from runs made apart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evinfra.bench.scenario import load_scenario, make_run
+from tests.scripts import load_script
+
+SCENARIO = """
+name: gp-test
+base: {workload: coding, model: tiny, gpu: h100, num_gpus: 8, duration_s: 60, warmup_s: 10}
+systems: [evolving, dynamo]
+seeds: [0]
+goodput: {ttft_p95_s: 2.0, tpot_mean_s: 0.05, rate_lo: 2, rate_hi: 8, iterations: 2,
+          stop_failing_runs: true}
+"""
+
+
+def _run(root: Path, name: str, config: dict[str, Any], **summary: Any) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps(config))
+    figures = {"mean_e2e_s": 5.0, "p95_ttft_s": 0.5, "mean_tpot_s": 0.02, "num_requests": 100,
+               "num_unfinished": 0, "role_switches": 3}  # fmt: skip
+    (d / "summary.json").write_text(json.dumps(figures | summary))
+    return d
+
+
+def test_points_from_separate_runs_give_each_goodput_and_the_ratio(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = load_script("benchmarks/goodput_points.py", "goodput_points")
+    path = tmp_path / "gp.yaml"
+    path.write_text(SCENARIO)
+    scenario = load_scenario(path)
+    evolving, dynamo = scenario.entries
+    stop = {"stop_past_ttft_p95_s": 2.0, "stop_max_unfinished_frac": 0.01}
+
+    def config(entry: Any, rate: float | None, extra: dict[str, Any] | None = None) -> Any:
+        point = None if rate is None else ("session_rate", rate)
+        return json.loads(make_run(scenario, entry, 0, point, extra=extra).config.model_dump_json())
+
+    runs = [
+        _run(tmp_path, "e4", config(evolving, 4)),
+        _run(tmp_path, "e6", config(evolving, 6, stop), p95_ttft_s=2.5),
+        _run(tmp_path, "d2", config(dynamo, 2, stop)),
+        _run(
+            tmp_path,
+            "d4",
+            config(dynamo, 4, stop),
+            p95_ttft_s=9.0,
+            stopped_s=30.0,
+            stopped_reason="certain to fail",
+        ),
+        _run(tmp_path, "main", config(dynamo, None)),
+        _run(tmp_path, "other", config(evolving, 5) | {"num_gpus": 16}),
+    ]
+    plot = tmp_path / "gp.png"
+    assert script.main([str(path), *map(str, runs), "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "| 4 | 5.00 s / 0.500 s / 20.0 ms / 3: passes | stopped at 30 s" in out
+    assert "| 6 | 5.00 s / 2.500 s / 20.0 ms / 3: **fails** |  |" in out
+    assert "- evolving: **4** (fails at 6: p95 TTFT 2.500s > 2.0s)" in out
+    # the bench's walk from 2 and 8: 2 passes and 8 fails by the runs, its midpoint 5 is
+    # not run (the run at 5 is of another cluster)
+    assert (
+        "not run, implied by the runs: passes 2; fails 8; the full search would still run 5" in out
+    )
+    assert "- dynamo: **2** (fails at 4: certain to fail)" in out
+    assert "- evolving against dynamo: **2.00x (1.00x-3.00x from the brackets)**" in out
+    assert "skipped " + str(tmp_path / "main") in out
+    assert "not a run of this search (differs in num_gpus)" in out
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_directory_that_holds_no_run_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = load_script("benchmarks/goodput_points.py", "goodput_points")
+    path = tmp_path / "gp.yaml"
+    path.write_text(SCENARIO)
+    assert script.main([str(path), str(tmp_path)]) == 2
+    assert "neither a run" in capsys.readouterr().err
