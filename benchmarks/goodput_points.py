@@ -203,7 +203,9 @@ def ratio_text(sys_result: GoodputResult, base: GoodputResult) -> str | None:
     ratio = sys_result.rate / base.rate
     low = sys_result.rate / base.upper if base.upper else None
     high = sys_result.upper / base.rate if sys_result.upper else None
-    span = f" ({low:.2f}x-{high:.2f}x from the brackets)" if low and high else ""
+    if high is None:  # no load failed yet: the system's goodput is this or more
+        return f"at least {ratio:.2f}x"
+    span = f" ({low:.2f}x-{high:.2f}x from the brackets)" if low else ""
     return f"{ratio:.2f}x{span}"
 
 

@@ -76,6 +76,11 @@ def test_points_from_separate_runs_give_each_goodput_and_the_ratio(
     assert "skipped " + str(tmp_path / "main") in out
     assert "not a run of this search (differs in num_gpus)" in out
     assert plot.read_bytes()[:4] == b"\x89PNG"
+    # without evolving's failing run its goodput is 4 or more
+    assert script.main([str(path), *map(str, runs[:1] + runs[2:4])]) == 0
+    out = capsys.readouterr().out
+    assert "- evolving: **4** (passed every load run)" in out
+    assert "- evolving against dynamo: **at least 2.00x**" in out
 
 
 def test_a_directory_that_holds_no_run_is_an_error(
