@@ -39,7 +39,6 @@ class Point:
     value: float
     seed: int
     summary: dict[str, Any]
-    source: Path
 
 
 def run_dirs(paths: list[Path]) -> list[Path]:
@@ -101,7 +100,7 @@ def collect(scenario: Scenario, dirs: list[Path]) -> tuple[list[Point], list[str
             differ = sorted(k for k in config.keys() | ref.keys() if config.get(k) != ref.get(k))
             skipped.append(f"{d}: not a run of this search (differs in {', '.join(differ)})")
             continue
-        points.append(Point(label, float(config[spec.field]), int(config["seed"]), summary, d))
+        points.append(Point(label, float(config[spec.field]), int(config["seed"]), summary))
     return points, skipped
 
 

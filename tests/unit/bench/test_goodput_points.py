@@ -31,12 +31,16 @@ def _run(root: Path, name: str, config: dict[str, Any], **summary: Any) -> Path:
     return d
 
 
+def _script_and_scenario(tmp_path: Path) -> tuple[Any, Path]:
+    path = tmp_path / "gp.yaml"
+    path.write_text(SCENARIO)
+    return load_script("benchmarks/goodput_points.py", "goodput_points"), path
+
+
 def test_points_from_separate_runs_give_each_goodput_and_the_ratio(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    script = load_script("benchmarks/goodput_points.py", "goodput_points")
-    path = tmp_path / "gp.yaml"
-    path.write_text(SCENARIO)
+    script, path = _script_and_scenario(tmp_path)
     scenario = load_scenario(path)
     evolving, dynamo = scenario.entries
     stop = {"stop_past_ttft_p95_s": 2.0, "stop_max_unfinished_frac": 0.01}
@@ -86,8 +90,6 @@ def test_points_from_separate_runs_give_each_goodput_and_the_ratio(
 def test_a_directory_that_holds_no_run_is_an_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    script = load_script("benchmarks/goodput_points.py", "goodput_points")
-    path = tmp_path / "gp.yaml"
-    path.write_text(SCENARIO)
+    script, path = _script_and_scenario(tmp_path)
     assert script.main([str(path), str(tmp_path)]) == 2
     assert "neither a run" in capsys.readouterr().err
