@@ -26,9 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evinfra.bench.goodput import Bisection, GoodputResult, PointVerdict, judge, load_axis_label
+from evinfra.bench.goodput import (
+    Bisection,
+    GoodputResult,
+    PointVerdict,
+    judge,
+    load_axis_label,
+    stop_rule,
+)
 from evinfra.bench.scenario import Scenario, ScenarioError, load_scenario, make_run
-from evinfra.bench.store import _same_config
+from evinfra.bench.store import same_config
 
 BASELINE = "dynamo"
 
@@ -61,13 +68,7 @@ def _expected(scenario: Scenario, config: dict[str, Any]) -> list[tuple[str, dic
     value, seed = config.get(spec.field), config.get("seed")
     if not isinstance(value, int | float) or not isinstance(seed, int):
         return []
-    stops = [
-        None,
-        {
-            "stop_past_ttft_p95_s": spec.ttft_p95_s,
-            "stop_max_unfinished_frac": spec.max_unfinished_frac,
-        },
-    ]
+    stops = [None, stop_rule(spec)]
     return [
         (
             e.display,
@@ -93,7 +94,7 @@ def collect(scenario: Scenario, dirs: list[Path]) -> tuple[list[Point], list[str
             skipped.append(f"{d}: no {spec.field} (the scenario's own point, not a search's)")
             continue
         expected = _expected(scenario, config)
-        label = next((lab for lab, cfg in expected if _same_config(config, cfg)), None)
+        label = next((lab for lab, cfg in expected if same_config(config, cfg)), None)
         if label is None:
             same_system = [cfg for _, cfg in expected if cfg.get("system") == config.get("system")]
             ref = same_system[0] if same_system else (expected[0][1] if expected else {})

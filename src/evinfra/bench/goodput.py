@@ -45,6 +45,15 @@ class GoodputResult:
     points: tuple[PointVerdict, ...]
 
 
+def stop_rule(spec: GoodputSpec) -> dict[str, float]:
+    """The config fields that stop a search's run once it is certain to fail the targets
+    (`stop_failing_runs`)."""
+    return {
+        "stop_past_ttft_p95_s": spec.ttft_p95_s,
+        "stop_max_unfinished_frac": spec.max_unfinished_frac,
+    }
+
+
 def _mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values) if values else math.nan
 

@@ -18,6 +18,7 @@ from evinfra.bench.goodput import (
     goodput_ratio,
     judge,
     result_to_json,
+    stop_rule,
 )
 from evinfra.bench.scenario import (
     QUICK_MAX_BISECTIONS,
@@ -47,10 +48,7 @@ def _goodput_runs(
     all_specs: list[RunSpec] = []
     extra = None
     if spec.stop_failing_runs and len(seeds) == 1:
-        extra = {
-            "stop_past_ttft_p95_s": spec.ttft_p95_s,
-            "stop_max_unfinished_frac": spec.max_unfinished_frac,
-        }
+        extra = stop_rule(spec)
 
     def specs_at(label: str, value: float) -> list[RunSpec]:
         return [

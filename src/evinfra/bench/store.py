@@ -85,14 +85,14 @@ def load_summary(out: Path, run_id: str, config: SimConfig) -> dict[str, Any] | 
         stored = json.loads((d / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    if not _same_config(stored, json.loads(config.model_dump_json())):
+    if not same_config(stored, json.loads(config.model_dump_json())):
         return None
     if not (d / "timeseries.json").is_file() or not (d / "records.npz").is_file():
         return None
     return dict(summary)
 
 
-def _same_config(stored: dict[str, Any], current: dict[str, Any]) -> bool:
+def same_config(stored: dict[str, Any], current: dict[str, Any]) -> bool:
     """Equal configs, where a field added to SimConfig since the run was stored counts as
     equal when the current value is that field's default (the behaviour before it existed)."""
     fields = SimConfig.model_fields

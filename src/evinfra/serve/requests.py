@@ -72,8 +72,6 @@ class LiveRequest:
     last_token_s: float | None = None
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
-    num_transfer_bytes: int = 0
-    num_pulled_bytes: int = 0
     num_retries: int = 0
 
 

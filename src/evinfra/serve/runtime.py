@@ -407,10 +407,8 @@ class LocalCluster:
             live.num_cached_tokens = msg.num_cached_tokens
             live.handle.num_cached_tokens = msg.num_cached_tokens
         if msg.num_transfer_bytes:
-            live.num_transfer_bytes += msg.num_transfer_bytes
-            live.num_pulled_bytes += msg.num_pulled_bytes
-            live.handle.num_transfer_bytes = live.num_transfer_bytes
-            live.handle.num_pulled_bytes = live.num_pulled_bytes
+            live.handle.num_transfer_bytes += msg.num_transfer_bytes
+            live.handle.num_pulled_bytes += msg.num_pulled_bytes
             self.metrics.num_kv_bytes_moved += msg.num_transfer_bytes
             self.metrics.num_kv_bytes_pulled += msg.num_pulled_bytes
         if msg.token_ids:
@@ -434,7 +432,6 @@ class LocalCluster:
     def _finish(self, live: LiveRequest, node_id: int, now: float) -> None:
         del self._live[live.request.request_id]
         self._clear_incoming(live)
-        live.handle.num_cached_tokens = live.num_cached_tokens
         self.metrics.num_finished += 1
         self.metrics.num_prompt_tokens += live.request.num_prompt_tokens
         self.metrics.num_cached_prompt_tokens += live.num_cached_tokens
