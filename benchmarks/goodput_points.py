@@ -14,7 +14,10 @@ with the fields that differ. At 256 GPUs a point costs up to an hour of one core
 search is often run a few points at a time: this prints the per-load table, each system's
 goodput (the highest pass below its lowest fail, which assumes a system that fails at a
 load fails above it), the ratio against dynamo with the range its brackets allow, what a
-full bisection would still run, and plots P95 TTFT against load.
+full bisection would still run, and plots P95 TTFT against load. With `--next DIR` it
+also writes the config of each run the search still needs (every system's next loads,
+every seed) to `DIR/runs/<run id>/config-in.yaml` and prints the command that runs it;
+DIR is then one more bench output to pass back in.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from evinfra.bench.goodput import (
     Bisection,
@@ -105,12 +110,15 @@ def collect(scenario: Scenario, dirs: list[Path]) -> tuple[list[Point], list[str
     return points, skipped
 
 
-def search(scenario: Scenario, points: list[Point]) -> dict[str, Bisection]:
+def search(
+    scenario: Scenario, points: list[Point], *, every_system: bool = False
+) -> dict[str, Bisection]:
+    """Each system's search over its points (`every_system`: also those with no run)."""
     spec = scenario.goodput
     assert spec is not None
     out: dict[str, Bisection] = {}
     present = {p.label for p in points}
-    for label in (e.display for e in scenario.entries if e.display in present):
+    for label in (e.display for e in scenario.entries if every_system or e.display in present):
         b = Bisection(spec)
         mine = [p for p in points if p.label == label]
         for value in sorted({p.value for p in mine}):
@@ -209,6 +217,36 @@ def ratio_text(sys_result: GoodputResult, base: GoodputResult) -> str | None:
     return f"{ratio:.2f}x{span}"
 
 
+def write_next(scenario: Scenario, searches: dict[str, Bisection], root: Path) -> list[str]:
+    """Write the config of every run the searches still need (each system's next loads,
+    each seed) as `root/runs/<run id>/config-in.yaml`, the search's stop rule included as
+    the bench sets it; the commands that run them, one per run. A run already there
+    (its summary written) is not written again."""
+    spec = scenario.goodput
+    assert spec is not None
+    extra = stop_rule(spec) if spec.stop_failing_runs else None
+    commands: list[str] = []
+    for entry in scenario.entries:
+        b = searches.get(entry.display)
+        if b is None:
+            continue
+        for value in replay_search(b)[0]:
+            for seed in scenario.seeds:
+                run = make_run(scenario, entry, seed, (spec.field, value), extra=extra)
+                d = root / "runs" / run.run_id
+                if (d / "summary.json").is_file():
+                    continue
+                d.mkdir(parents=True, exist_ok=True)
+                # the fields the bench sets, resolved (not every default: a short file)
+                named = {*scenario.base, *(extra or {}), "system", "seed", spec.field}
+                if entry.system_options:
+                    named.add("system_options")
+                fields = run.config.model_dump(mode="json", include=named)
+                (d / "config-in.yaml").write_text(yaml.safe_dump(fields, sort_keys=False))
+                commands.append(f"evinfra sim --config {d / 'config-in.yaml'} --out {d}")
+    return commands
+
+
 def plot(
     scenario: Scenario, points: list[Point], searches: dict[str, Bisection], path: Path
 ) -> None:
@@ -244,24 +282,10 @@ def plot(
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("scenario", type=Path, help="the goodput scenario the runs belong to")
-    p.add_argument("dirs", type=Path, nargs="+", help="run directories or bench outputs")
-    p.add_argument("--plot", type=Path, help="write P95 TTFT against load here (PNG)")
-    args = p.parse_args(argv)
-    try:
-        scenario = load_scenario(args.scenario)
-        if scenario.goodput is None:
-            raise ScenarioError(f"{args.scenario}: no goodput section")
-        dirs = run_dirs(args.dirs)
-    except (OSError, ScenarioError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    points, skipped = collect(scenario, dirs)
-    if not points:
-        print("error: no run of this search among the directories given", file=sys.stderr)
-        return 2
+def report(
+    scenario: Scenario, points: list[Point], skipped: list[str], plot_path: Path | None
+) -> None:
+    """Print the per-load table, each system's goodput and the ratios; plot if asked."""
     searches = search(scenario, points)
     print(table(scenario, points, searches))
     print()
@@ -274,9 +298,44 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"- {x} against {BASELINE}: **{text}**")
     for line in skipped:
         print(f"- skipped {line}")
-    if args.plot is not None:
-        plot(scenario, points, searches, args.plot)
-        print(f"wrote {args.plot}")
+    if plot_path is not None:
+        plot(scenario, points, searches, plot_path)
+        print(f"wrote {plot_path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("scenario", type=Path, help="the goodput scenario the runs belong to")
+    p.add_argument(
+        "dirs", type=Path, nargs="*", help="run directories or bench outputs (none: --next only)"
+    )
+    p.add_argument("--plot", type=Path, help="write P95 TTFT against load here (PNG)")
+    p.add_argument(
+        "--next",
+        type=Path,
+        metavar="DIR",
+        help="write the configs of the runs the search still needs under DIR/runs/",
+    )
+    args = p.parse_args(argv)
+    try:
+        scenario = load_scenario(args.scenario)
+        if scenario.goodput is None:
+            raise ScenarioError(f"{args.scenario}: no goodput section")
+        dirs = run_dirs(args.dirs)
+    except (OSError, ScenarioError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    points, skipped = collect(scenario, dirs)
+    if not points and args.next is None:
+        print("error: no run of this search among the directories given", file=sys.stderr)
+        return 2
+    if points:
+        report(scenario, points, skipped, args.plot)
+    if args.next is not None:
+        commands = write_next(scenario, search(scenario, points, every_system=True), args.next)
+        print(f"\n{len(commands)} run(s) still needed by the full search, under {args.next}:")
+        for command in commands:
+            print(f"    {command}")
     return 0
 
 

@@ -31,6 +31,14 @@ def _run(root: Path, name: str, config: dict[str, Any], **summary: Any) -> Path:
     return d
 
 
+def _config(
+    scenario: Any, entry: Any, rate: float | None, extra: dict[str, Any] | None = None
+) -> Any:
+    """The resolved config the bench runs for `entry` at `rate` (None: the scenario's own)."""
+    point = None if rate is None else ("session_rate", rate)
+    return json.loads(make_run(scenario, entry, 0, point, extra=extra).config.model_dump_json())
+
+
 def _script_and_scenario(tmp_path: Path) -> tuple[Any, Path]:
     path = tmp_path / "gp.yaml"
     path.write_text(SCENARIO)
@@ -46,8 +54,7 @@ def test_points_from_separate_runs_give_each_goodput_and_the_ratio(
     stop = {"stop_past_ttft_p95_s": 2.0, "stop_max_unfinished_frac": 0.01}
 
     def config(entry: Any, rate: float | None, extra: dict[str, Any] | None = None) -> Any:
-        point = None if rate is None else ("session_rate", rate)
-        return json.loads(make_run(scenario, entry, 0, point, extra=extra).config.model_dump_json())
+        return _config(scenario, entry, rate, extra)
 
     runs = [
         _run(tmp_path, "e4", config(evolving, 4)),
@@ -93,3 +100,51 @@ def test_a_directory_that_holds_no_run_is_an_error(
     script, path = _script_and_scenario(tmp_path)
     assert script.main([str(path), str(tmp_path)]) == 2
     assert "neither a run" in capsys.readouterr().err
+
+
+def test_next_writes_the_runs_the_search_needs_and_they_count_once_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from evinfra.cli import main as evinfra_main
+
+    script, path = _script_and_scenario(tmp_path)
+    scenario = load_scenario(path)
+    dynamo = scenario.entries[1]
+    stop = {"stop_past_ttft_p95_s": 2.0, "stop_max_unfinished_frac": 0.01}
+    runs = [
+        _run(tmp_path, "d2", _config(scenario, dynamo, 2, stop)),
+        _run(tmp_path, "d8", _config(scenario, dynamo, 8, stop), p95_ttft_s=3.0),
+    ]
+    nxt = tmp_path / "next"
+    assert script.main([str(path), *map(str, runs), "--next", str(nxt)]) == 0
+    out = capsys.readouterr().out
+    # evolving has no run: the search's two ends; dynamo's bisection: the midpoint 5
+    assert "3 run(s) still needed by the full search" in out
+    written = sorted(p.parent.name for p in nxt.glob("runs/*/config-in.yaml"))
+    assert written == [
+        "dynamo__session_rate=5__seed0",
+        "evolving__session_rate=2__seed0",
+        "evolving__session_rate=8__seed0",
+    ]
+    # run one as printed: the search counts it as the bench's own run
+    run_dir = nxt / "runs" / "evolving__session_rate=2__seed0"
+    cmd = next(line.split() for line in out.splitlines() if str(run_dir / "config-in") in line)
+    assert cmd[:2] == ["evinfra", "sim"]
+    assert evinfra_main(cmd[1:]) == 0
+    capsys.readouterr()
+    assert script.main([str(path), *map(str, runs), str(nxt), "--next", str(nxt)]) == 0
+    out = capsys.readouterr().out
+    assert "| 2 | " in out and "skipped" not in out
+    assert "- evolving: **2** (passed every load run)" in out
+    # a run done is not asked for again; the evolving search steps on from its result
+    assert "evolving__session_rate=2__seed0/config-in" not in out
+    assert "evolving__session_rate=8__seed0/config-in" in out
+
+
+def test_next_alone_starts_a_search_from_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script, path = _script_and_scenario(tmp_path)
+    assert script.main([str(path), "--next", str(tmp_path / "n")]) == 0
+    assert "4 run(s) still needed" in capsys.readouterr().out
+    assert len(list((tmp_path / "n").glob("runs/*/config-in.yaml"))) == 4
