@@ -268,7 +268,8 @@ def plot(
             ok = b.verdicts[p.value].passed
             ax.plot(p.value, y, "o", color=color, mfc=color if ok else "white", ms=7)
         result = b.result()
-        ax.plot([], [], "o", color=color, label=f"{label}: goodput {result.rate:g}")
+        least = "at least " if result.upper is None else ""  # no load failed yet
+        ax.plot([], [], "o", color=color, label=f"{label}: goodput {least}{result.rate:g}")
     ax.axhline(spec.ttft_p95_s, color="grey", ls="--", lw=1, label=f"target {spec.ttft_p95_s:g} s")
     ax.set_yscale("log")
     ax.set_xlabel(load_axis_label(spec.field))
