@@ -230,6 +230,10 @@ def write_next(scenario: Scenario, searches: dict[str, Bisection], root: Path) -
         b = searches.get(entry.display)
         if b is None:
             continue
+        # the fields the bench sets, resolved (not every default: a short file)
+        named = {*scenario.base, *(extra or {}), "system", "seed", spec.field}
+        if entry.system_options:
+            named.add("system_options")
         for value in replay_search(b)[0]:
             for seed in scenario.seeds:
                 run = make_run(scenario, entry, seed, (spec.field, value), extra=extra)
@@ -237,10 +241,6 @@ def write_next(scenario: Scenario, searches: dict[str, Bisection], root: Path) -
                 if (d / "summary.json").is_file():
                     continue
                 d.mkdir(parents=True, exist_ok=True)
-                # the fields the bench sets, resolved (not every default: a short file)
-                named = {*scenario.base, *(extra or {}), "system", "seed", spec.field}
-                if entry.system_options:
-                    named.add("system_options")
                 fields = run.config.model_dump(mode="json", include=named)
                 (d / "config-in.yaml").write_text(yaml.safe_dump(fields, sort_keys=False))
                 commands.append(f"evinfra sim --config {d / 'config-in.yaml'} --out {d}")

@@ -53,23 +53,20 @@ def test_points_from_separate_runs_give_each_goodput_and_the_ratio(
     evolving, dynamo = scenario.entries
     stop = {"stop_past_ttft_p95_s": 2.0, "stop_max_unfinished_frac": 0.01}
 
-    def config(entry: Any, rate: float | None, extra: dict[str, Any] | None = None) -> Any:
-        return _config(scenario, entry, rate, extra)
-
     runs = [
-        _run(tmp_path, "e4", config(evolving, 4)),
-        _run(tmp_path, "e6", config(evolving, 6, stop), p95_ttft_s=2.5),
-        _run(tmp_path, "d2", config(dynamo, 2, stop)),
+        _run(tmp_path, "e4", _config(scenario, evolving, 4)),
+        _run(tmp_path, "e6", _config(scenario, evolving, 6, stop), p95_ttft_s=2.5),
+        _run(tmp_path, "d2", _config(scenario, dynamo, 2, stop)),
         _run(
             tmp_path,
             "d4",
-            config(dynamo, 4, stop),
+            _config(scenario, dynamo, 4, stop),
             p95_ttft_s=9.0,
             stopped_s=30.0,
             stopped_reason="certain to fail",
         ),
-        _run(tmp_path, "main", config(dynamo, None)),
-        _run(tmp_path, "other", config(evolving, 5) | {"num_gpus": 16}),
+        _run(tmp_path, "main", _config(scenario, dynamo, None)),
+        _run(tmp_path, "other", _config(scenario, evolving, 5) | {"num_gpus": 16}),
     ]
     plot = tmp_path / "gp.png"
     assert script.main([str(path), *map(str, runs), "--plot", str(plot)]) == 0
