@@ -64,7 +64,7 @@ STABLE_RATE_AT_256_GPUS = {
     # dynamo's goodput at 256 GPUs (the highest session rate at which its P95 TTFT stays
     # within 2 s and its mean TPOT within 50 ms over the full 1,200 s), from the searches
     # in benchmarks/goodput-<model>-<workload>-256.yaml. The 64-GPU rate scaled with the
-    # GPUs (12 and 16 sessions/s) is above it on these: dynamo's P95 TTFT there is 4-26 s
+    # GPUs (12 and 16 sessions/s) is above it on these: dynamo's P95 TTFT there is 2-27 s
     # on coding and GLM-5 math, its queue still growing at the end of the window. Coding
     # and mixed from the searches on the link model fixed 2026-12-06, math from before it;
     # mixed's searches keep one composition throughout (no `phase_s`). Kimi-K2 math is not
