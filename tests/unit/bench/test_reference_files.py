@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import yaml
 
 from tests.scripts import load_script
@@ -19,16 +20,7 @@ def load() -> ModuleType:
 
 
 def test_shipped_files_are_the_generators_output() -> None:
-    mod = load()
-    expected = [
-        mod.scenario(model, workload, gpus)
-        for model in mod.MODELS
-        for workload in mod.WORKLOADS
-        for gpus in mod.GPU_COUNTS
-    ] + [
-        mod.scenario(model, workload, 256, stable=True)
-        for model, workload in mod.STABLE_RATE_AT_256_GPUS
-    ]
+    expected = load().all_scenarios()
     names = {str(data["name"]) for data in expected}
     assert names == {p.stem for p in REFERENCE.glob("*.yaml")}
     for data in expected:
@@ -40,8 +32,8 @@ def test_stable_companions_sit_below_the_scaled_rate() -> None:
     mod = load()
     assert mod.STABLE_RATE_AT_256_GPUS
     for model, workload in mod.STABLE_RATE_AT_256_GPUS:
-        scaled = mod.scenario(model, workload, 256)
-        stable = mod.scenario(model, workload, 256, stable=True)
+        scaled = mod.scenario(model, workload, mod.STABLE_NUM_GPUS)
+        stable = mod.scenario(model, workload, mod.STABLE_NUM_GPUS, stable=True)
         assert stable["name"] == f"{scaled['name']}-stable"
         assert stable["base"]["session_rate"] < scaled["base"]["session_rate"]
         assert {k: v for k, v in stable["base"].items() if k != "session_rate"} == {
@@ -49,3 +41,10 @@ def test_stable_companions_sit_below_the_scaled_rate() -> None:
         }
         assert "-stable" in scaled["description"]
         assert "goodput" in stable["description"]
+
+
+def test_stable_rate_refused_at_another_cluster_size() -> None:
+    mod = load()
+    model, workload = next(iter(mod.STABLE_RATE_AT_256_GPUS))
+    with pytest.raises(ValueError, match="256 GPUs, not 64"):
+        mod.scenario(model, workload, 64, stable=True)
