@@ -167,7 +167,7 @@ def test_shipped_scenarios_parse() -> None:
     root = Path(__file__).resolve().parents[3] / "benchmarks"
     files = sorted(root.glob("*.yaml")) + sorted(root.glob("reference/*.yaml"))
     assert any(f.name == "smoke.yaml" for f in files)
-    assert sum(1 for f in files if f.parent.name == "reference") == 29
+    assert sum(1 for f in files if f.parent.name == "reference") == 30
     for f in files:
         s = load_scenario(f)
         assert main_runs(s, scenario_path=f)
