@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ from evinfra.bench.goodput import (
     stop_rule,
 )
 from evinfra.bench.scenario import Scenario, ScenarioError, load_scenario, make_run
-from evinfra.bench.store import same_config
+from evinfra.bench.store import read_summary, same_config
 
 BASELINE = "dynamo"
 
@@ -94,7 +95,7 @@ def collect(scenario: Scenario, dirs: list[Path]) -> tuple[list[Point], list[str
     skipped: list[str] = []
     for d in dirs:
         config = json.loads((d / "config.json").read_text())
-        summary = json.loads((d / "summary.json").read_text())
+        summary = read_summary(d)
         if config.get(spec.field) is None:
             skipped.append(f"{d}: no {spec.field} (the scenario's own point, not a search's)")
             continue
@@ -133,9 +134,11 @@ def _cell(point_summaries: list[dict[str, Any]], verdict: PointVerdict) -> str:
         return (
             f"stopped at {s['stopped_s']:.0f} s (P95 TTFT {s['p95_ttft_s']:.2f} s to then): fails"
         )
+    growth = s.get("waiting_growth_s")
+    queue = "-" if growth is None or math.isnan(growth) else f"{growth:+.2f} s"
     figures = (
         f"{s['mean_e2e_s']:.2f} s / {s['p95_ttft_s']:.3f} s / {s['mean_tpot_s'] * 1000:.1f} ms"
-        f" / {s.get('role_switches', 0)}"
+        f" / {s.get('role_switches', 0)} / {queue}"
     )
     return f"{figures}: {'passes' if verdict.passed else '**fails**'}"
 
@@ -145,7 +148,7 @@ def table(scenario: Scenario, points: list[Point], searches: dict[str, Bisection
     assert spec is not None
     labels = list(searches)
     head = f"| {load_axis_label(spec.field)} | " + " | ".join(
-        f"{x}: mean e2e / P95 TTFT / mean TPOT / role switches" for x in labels
+        f"{x}: mean e2e / P95 TTFT / mean TPOT / role switches / queue growth" for x in labels
     )
     lines = [head + " |", "| ---: |" + " ---: |" * len(labels)]
     for value in sorted({p.value for p in points}):
@@ -317,11 +320,25 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="write the configs of the runs the search still needs under DIR/runs/",
     )
+    p.add_argument(
+        "--max-waiting-growth-s",
+        type=float,
+        metavar="S",
+        help="judge with this queue rule instead of the scenario's (goodput's"
+        " max_waiting_growth_s): a load also fails where the waiting queue grew by more",
+    )
     args = p.parse_args(argv)
+    if args.max_waiting_growth_s is not None and not args.max_waiting_growth_s > 0:
+        p.error(f"--max-waiting-growth-s must be > 0, not {args.max_waiting_growth_s}")
     try:
         scenario = load_scenario(args.scenario)
         if scenario.goodput is None:
             raise ScenarioError(f"{args.scenario}: no goodput section")
+        if args.max_waiting_growth_s is not None:
+            spec = scenario.goodput.model_copy(
+                update={"max_waiting_growth_s": args.max_waiting_growth_s}
+            )
+            scenario = scenario.model_copy(update={"goodput": spec})
         dirs = run_dirs(args.dirs)
     except (OSError, ScenarioError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

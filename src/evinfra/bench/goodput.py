@@ -73,7 +73,10 @@ def judge(
     done = sum(int(s["num_requests"]) for s in ok)
     left = sum(int(s["num_unfinished"]) for s in ok)
     unfinished = left / (done + left) if done + left else 1.0
+    growth = _mean([float(s.get("waiting_growth_s", math.nan)) for s in ok])
     measured = f"p95 TTFT {ttft:.3f}s, mean TPOT {tpot * 1000:.1f}ms, unfinished {unfinished:.1%}"
+    if not math.isnan(growth):
+        measured += f", queue {growth:+.2f}s"
     if done == 0 or math.isnan(ttft) or math.isnan(tpot):
         return PointVerdict(value, False, "no finished requests")
     if ttft > spec.ttft_p95_s:
@@ -84,6 +87,13 @@ def judge(
         )
     if unfinished > spec.max_unfinished_frac:
         return PointVerdict(value, False, f"unfinished {unfinished:.1%}")
+    if spec.max_waiting_growth_s is not None:
+        if math.isnan(growth):
+            return PointVerdict(value, False, "no queue samples to judge the queue's growth")
+        if growth > spec.max_waiting_growth_s:
+            return PointVerdict(
+                value, False, f"queue grew {growth:.2f}s > {spec.max_waiting_growth_s}s"
+            )
     return PointVerdict(value, True, measured)
 
 

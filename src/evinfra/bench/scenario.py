@@ -67,7 +67,8 @@ class SweepSpec(BaseModel):
 class GoodputSpec(BaseModel):
     """Goodput: the highest `field` value (session rate) at which, in the mean over seeds,
     P95 TTFT <= ttft_p95_s, mean TPOT <= tpot_mean_s, and at most `max_unfinished_frac` of
-    the window's requests are left unfinished; bracketed from rate_lo/rate_hi (and the
+    the window's requests are left unfinished (and, with `max_waiting_growth_s`, the waiting
+    queue grows by at most that much); bracketed from rate_lo/rate_hi (and the
     sweep's points), stepped up by x1.5 to at most `rate_max` while every load passes, and
     refined by `iterations` bisections."""
 
@@ -83,6 +84,10 @@ class GoodputSpec(BaseModel):
     iterations: int = Field(4, ge=0, le=20)
     field: str = "session_rate"
     max_unfinished_frac: float = Field(0.01, ge=0, le=1)
+    max_waiting_growth_s: float | None = Field(None, gt=0)
+    """Also fail a load whose waiting queue grows through the window by more than this, in
+    seconds of its finished calls (`waiting_growth_s`, mean over seeds): "within the targets"
+    then means steady too. None (the default): the queue's trend is reported, not judged."""
     stop_failing_runs: bool = False
     """Stop a run once it is certain to fail the P95 TTFT target (or the unfinished share):
     the verdict is the same, the overloaded loads cost a fraction of their time, and their

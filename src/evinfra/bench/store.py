@@ -15,6 +15,7 @@ from pydantic_core import to_json
 
 from evinfra.sim.cli import write_result
 from evinfra.sim.config import SimConfig
+from evinfra.sim.metrics import waiting_growth_s, waiting_trend
 from evinfra.sim.runner import SimResult
 
 RUNS_DIR = "runs"
@@ -77,11 +78,34 @@ def save_error(out: Path, run_id: str, config: SimConfig, error: str) -> None:
     (d / "error.json").write_text(json.dumps({"error": error}, indent=2))
 
 
+def read_summary(d: Path) -> dict[str, Any]:
+    """A run directory's summary.json; for a run stored before the summary had the waiting
+    queue's trend (`waiting_end`, `waiting_growth_s`), those from its timeseries.json.
+    Raises OSError or ValueError as reading the summary does."""
+    summary: dict[str, Any] = json.loads((d / "summary.json").read_text())
+    if "waiting_growth_s" in summary:
+        return summary
+    try:
+        samples = json.loads((d / "timeseries.json").read_text())
+        warmup_s = float(summary["warmup_s"])
+        end_s = warmup_s + float(summary["window_s"])
+        end, rise = waiting_trend(
+            [float(x["time_s"]) for x in samples],
+            [int(x["num_waiting_requests"]) for x in samples],
+            warmup_s=warmup_s,
+            end_s=end_s,
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return summary
+    growth_s = waiting_growth_s(rise, int(summary.get("num_requests", 0)), end_s - warmup_s)
+    return {**summary, "waiting_end": end, "waiting_growth_s": growth_s}
+
+
 def load_summary(out: Path, run_id: str, config: SimConfig) -> dict[str, Any] | None:
     """The stored summary of a finished run with this exact config, else None."""
     d = run_dir(out, run_id)
     try:
-        summary = json.loads((d / "summary.json").read_text())
+        summary = read_summary(d)
         stored = json.loads((d / "config.json").read_text())
     except (OSError, ValueError):
         return None

@@ -6,6 +6,7 @@ Hooks only record; nothing here feeds a decision.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -89,6 +90,33 @@ def _mean(values: np.ndarray) -> float:
     return float(values.mean()) if len(values) else math.nan
 
 
+def waiting_trend(
+    times_s: Sequence[float], waiting: Sequence[int], *, warmup_s: float, end_s: float
+) -> tuple[float, float]:
+    """(calls waiting at the window's last sample, the rise of the least-squares line through
+    the window's samples over the window, in calls); NaN for both with fewer than two
+    samples. A queue that holds steady rises by about 0 however long it is; one that grows
+    all window long rises by about its length at the end."""
+    pairs = [(t, q) for t, q in zip(times_s, waiting, strict=True) if warmup_s <= t <= end_s]
+    if len(pairs) < 2:
+        return math.nan, math.nan
+    t = np.array([p[0] for p in pairs], dtype=float)
+    q = np.array([p[1] for p in pairs], dtype=float)
+    if float(np.ptp(t)) == 0.0:
+        return float(q[-1]), math.nan
+    slope_per_s = float(np.polyfit(t, q, 1)[0])
+    return float(q[-1]), slope_per_s * (end_s - warmup_s)
+
+
+def waiting_growth_s(rise_calls: float, num_requests: int, window_s: float) -> float:
+    """A queue's rise over the window in seconds of the window's finished calls: how much
+    longer a call arriving at the end waits than one arriving at the start, were the queue
+    one line served at the window's mean rate."""
+    if math.isnan(rise_calls) or num_requests <= 0 or window_s <= 0:
+        return math.nan
+    return rise_calls / (num_requests / window_s)
+
+
 KV_BYTES_KEYS = ("kv_bytes_moved", "kv_bytes_handed_off", "kv_bytes_pulled", "kv_bytes_migrated")
 """The summary's KV transfer keys: the whole, then its three parts."""
 
@@ -116,6 +144,12 @@ def summarize(
         for s in metrics.session_end_s
         if s in metrics.session_start_s and metrics.session_start_s[s] >= warmup_s
     ]
+    waiting_end, rise_calls = waiting_trend(
+        [x.time_s for x in metrics.samples],
+        [x.num_waiting_requests for x in metrics.samples],
+        warmup_s=warmup_s,
+        end_s=end_s,
+    )
     return {
         "num_requests": len(done),
         "num_unfinished": len(window) - len(done),
@@ -147,6 +181,8 @@ def summarize(
         "migrated_seqs": metrics.migrated_seqs,
         "prefix_pulls": metrics.num_prefix_pulls,
         "num_rejected": metrics.num_rejected,
+        "waiting_end": waiting_end,
+        "waiting_growth_s": waiting_growth_s(rise_calls, len(done), span_s),
         "warmup_s": warmup_s,
         "window_s": span_s,
     }

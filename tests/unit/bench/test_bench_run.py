@@ -68,6 +68,7 @@ def test_point_scenario_outputs(tmp_path: Path, scenario_data: dict[str, Any]) -
 def test_sweep_and_goodput(tmp_path: Path, scenario_data: dict[str, Any]) -> None:
     scenario_data["systems"] = ["evolving", "dynamo"]
     scenario_data["base"]["duration_s"] = 12
+    scenario_data["base"]["sample_interval_s"] = 2.0  # samples enough for the queue's trend
     scenario_data["sweep"] = {"field": "session_rate", "values": [0.5, 1.0, 2.0]}
     # a TPOT target between the two loads' values makes the search bracket something
     scenario_data["goodput"] = {
@@ -100,6 +101,9 @@ def test_sweep_and_goodput(tmp_path: Path, scenario_data: dict[str, Any]) -> Non
     report = (tmp_path / "report.md").read_text()
     assert "## Latency against load" in report and "## Goodput" in report
     assert "stepping up x1.5 to at most 6" in report
+    # the goodput's own point, its queue's trend with it
+    assert "| at the goodput | first failing |" in report
+    assert all("queue " in p["reason"] for p in gp["dynamo"]["points"] if p["passed"])
     # goodput runs at 4 and 6 sessions/s exist as runs of their own
     assert "dynamo__session_rate=4__seed0" in results["runs"]
     assert "evolving__session_rate=6__seed0" in results["runs"]
@@ -136,6 +140,18 @@ def test_cli_resume_and_errors(
     assert "stored" in capsys.readouterr().err
     results = json.loads((out / "results.json").read_text())
     assert all(r["reused"] for r in results["runs"].values())
+
+    # a run stored before the summary had the queue's trend gets it from its timeseries
+    stored = out / "runs" / "dynamo__seed0" / "summary.json"
+    old = json.loads(stored.read_text())
+    stored.write_text(
+        json.dumps({k: v for k, v in old.items() if k not in ("waiting_end", "waiting_growth_s")})
+    )
+    assert run_cli([str(path), "--out", str(out), "--resume", "--no-plots"]) == 0
+    again = json.loads((out / "results.json").read_text())["systems"]["dynamo"]["summary"]
+    assert again["waiting_end"] == old["waiting_end"]
+    assert again["waiting_growth_s"] == pytest.approx(old["waiting_growth_s"])
+    assert all(r["reused"] for r in json.loads((out / "results.json").read_text())["runs"].values())
 
     scenario_data["base"]["gpus_per_node"] = 4
     path.write_text(yaml.safe_dump(scenario_data))

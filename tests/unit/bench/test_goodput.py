@@ -52,6 +52,24 @@ def test_judge_uses_the_mean_over_seeds() -> None:
     assert not judge(1.0, [make_summary(ttft=1.6), make_summary(ttft=0.6)], spec).passed
 
 
+def test_the_queue_rule_fails_a_growing_queue_only_when_set() -> None:
+    growing = make_summary() | {"waiting_growth_s": 3.0}
+    steady = make_summary() | {"waiting_growth_s": 0.2}
+    off = make_spec()
+    assert judge(1.0, [growing], off).passed
+    assert "queue +3.00s" in judge(1.0, [growing], off).reason
+    on = make_spec(max_waiting_growth_s=2.0)
+    assert judge(1.0, [steady], on).passed
+    assert judge(1.0, [growing], on).reason == "queue grew 3.00s > 2.0s"
+    # the mean over seeds, as for the other targets
+    assert judge(1.0, [growing, steady], on).passed
+    # a summary without the trend cannot be judged by the rule
+    assert not judge(1.0, [make_summary()], on).passed
+    assert judge(1.0, [make_summary()], off).passed
+    with pytest.raises(ValueError, match="max_waiting_growth_s"):
+        make_spec(max_waiting_growth_s=0.0)
+
+
 def run_search(b: Bisection, threshold: float) -> list[list[float]]:
     """Drive the search against 'passes iff rate <= threshold'; returns each round's loads."""
     rounds = []

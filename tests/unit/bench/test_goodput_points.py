@@ -71,8 +71,8 @@ def test_points_from_separate_runs_give_each_goodput_and_the_ratio(
     plot = tmp_path / "gp.png"
     assert script.main([str(path), *map(str, runs), "--plot", str(plot)]) == 0
     out = capsys.readouterr().out
-    assert "| 4 | 5.00 s / 0.500 s / 20.0 ms / 3: passes | stopped at 30 s" in out
-    assert "| 6 | 5.00 s / 2.500 s / 20.0 ms / 3: **fails** |  |" in out
+    assert "| 4 | 5.00 s / 0.500 s / 20.0 ms / 3 / -: passes | stopped at 30 s" in out
+    assert "| 6 | 5.00 s / 2.500 s / 20.0 ms / 3 / -: **fails** |  |" in out
     assert "- evolving: **4** (fails at 6: p95 TTFT 2.500s > 2.0s)" in out
     # the bench's walk from 2 and 8: 2 passes and 8 fails by the runs, its midpoint 5 is
     # not run (the run at 5 is of another cluster)
@@ -89,6 +89,39 @@ def test_points_from_separate_runs_give_each_goodput_and_the_ratio(
     out = capsys.readouterr().out
     assert "- evolving: **4** (passed every load run)" in out
     assert "- evolving against dynamo: **at least 2.00x**" in out
+
+
+def test_the_queue_rule_rejudges_runs_and_old_runs_get_their_trend_from_the_timeseries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script, path = _script_and_scenario(tmp_path)
+    scenario = load_scenario(path)
+    evolving, dynamo = scenario.entries
+    # dynamo at 4: stored before the summary had the queue's trend; its timeseries has the
+    # waiting calls rising by 10 a second over the 50 s window (10 to 60 s), 100 calls
+    # finished in it, 2 a second: the queue grew by 500 calls, 250 s of them
+    d4 = _run(tmp_path, "d4", _config(scenario, dynamo, 4), warmup_s=10.0, window_s=50.0)
+    samples = [{"time_s": float(t), "num_waiting_requests": 10 * t} for t in range(0, 70, 5)]
+    (d4 / "timeseries.json").write_text(json.dumps(samples))
+    runs = [
+        _run(tmp_path, "e4", _config(scenario, evolving, 4), waiting_growth_s=0.1),
+        _run(tmp_path, "e6", _config(scenario, evolving, 6), waiting_growth_s=3.0),
+        _run(tmp_path, "d2", _config(scenario, dynamo, 2), waiting_growth_s=0.0),
+        d4,
+    ]
+    assert script.main([str(path), *map(str, runs)]) == 0
+    out = capsys.readouterr().out
+    assert "| 4 | 5.00 s / 0.500 s / 20.0 ms / 3 / +0.10 s: passes" in out
+    assert "5.00 s / 0.500 s / 20.0 ms / 3 / +250.00 s: passes |" in out
+    assert "- evolving: **6**" in out and "- dynamo: **4**" in out
+    assert script.main([str(path), *map(str, runs), "--max-waiting-growth-s", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "- evolving: **4** (fails at 6: queue grew 3.00s > 2.0s)" in out
+    assert "- dynamo: **2** (fails at 4: queue grew 250.00s > 2.0s)" in out
+    with pytest.raises(SystemExit) as exc:
+        script.main([str(path), *map(str, runs), "--max-waiting-growth-s", "0"])
+    assert exc.value.code == 2
+    assert "--max-waiting-growth-s must be > 0" in capsys.readouterr().err
 
 
 def test_a_directory_that_holds_no_run_is_an_error(
