@@ -58,6 +58,11 @@ def _mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values) if values else math.nan
 
 
+def _number(value: Any) -> float:
+    """A summary's figure, NaN where it is missing or null."""
+    return math.nan if value is None else float(value)
+
+
 def judge(
     value: float, summaries: Sequence[dict[str, Any] | None], spec: GoodputSpec
 ) -> PointVerdict:
@@ -73,7 +78,7 @@ def judge(
     done = sum(int(s["num_requests"]) for s in ok)
     left = sum(int(s["num_unfinished"]) for s in ok)
     unfinished = left / (done + left) if done + left else 1.0
-    growth = _mean([float(s.get("waiting_growth_s", math.nan)) for s in ok])
+    growth = _mean([_number(s.get("waiting_growth_s")) for s in ok])
     measured = f"p95 TTFT {ttft:.3f}s, mean TPOT {tpot * 1000:.1f}ms, unfinished {unfinished:.1%}"
     if not math.isnan(growth):
         measured += f", queue {growth:+.2f}s"

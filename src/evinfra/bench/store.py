@@ -6,6 +6,7 @@ config, is not run again (`--resume`)."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from pydantic_core import to_json
 
 from evinfra.sim.cli import write_result
 from evinfra.sim.config import SimConfig
-from evinfra.sim.metrics import waiting_growth_s, waiting_trend
+from evinfra.sim.metrics import QUEUE_KEYS, waiting_growth_s, waiting_trend
 from evinfra.sim.runner import SimResult
 
 RUNS_DIR = "runs"
@@ -80,16 +81,19 @@ def save_error(out: Path, run_id: str, config: SimConfig, error: str) -> None:
 
 def read_summary(d: Path) -> dict[str, Any]:
     """A run directory's summary.json; for a run stored before the summary had the waiting
-    queue's trend (`waiting_end`, `waiting_growth_s`), those from its timeseries.json.
-    Raises OSError or ValueError as reading the summary does."""
+    queue's trend (`QUEUE_KEYS`), those from its timeseries.json (NaN for a run stopped
+    early, as the simulator gives). Raises OSError or ValueError as reading the summary
+    does."""
     summary: dict[str, Any] = json.loads((d / "summary.json").read_text())
-    if "waiting_growth_s" in summary:
+    if all(k in summary for k in QUEUE_KEYS):
         return summary
+    if summary.get("stopped_s") is not None:
+        return {**summary, **dict.fromkeys(QUEUE_KEYS, math.nan)}
     try:
         samples = json.loads((d / "timeseries.json").read_text())
         warmup_s = float(summary["warmup_s"])
         end_s = warmup_s + float(summary["window_s"])
-        end, rise = waiting_trend(
+        num_waiting_end, rise_calls = waiting_trend(
             [float(x["time_s"]) for x in samples],
             [int(x["num_waiting_requests"]) for x in samples],
             warmup_s=warmup_s,
@@ -97,8 +101,8 @@ def read_summary(d: Path) -> dict[str, Any]:
         )
     except (OSError, ValueError, KeyError, TypeError):
         return summary
-    growth_s = waiting_growth_s(rise, int(summary.get("num_requests", 0)), end_s - warmup_s)
-    return {**summary, "waiting_end": end, "waiting_growth_s": growth_s}
+    growth_s = waiting_growth_s(rise_calls, int(summary.get("num_requests", 0)), end_s - warmup_s)
+    return {**summary, "num_waiting_end": num_waiting_end, "waiting_growth_s": growth_s}
 
 
 def load_summary(out: Path, run_id: str, config: SimConfig) -> dict[str, Any] | None:

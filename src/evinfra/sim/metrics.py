@@ -90,14 +90,19 @@ def _mean(values: np.ndarray) -> float:
     return float(values.mean()) if len(values) else math.nan
 
 
+QUEUE_KEYS = ("num_waiting_end", "waiting_growth_s")
+"""The summary's keys for the waiting queue's trend (NaN where a run stopped early or
+records no samples: a serve replay)."""
+
+
 def waiting_trend(
-    times_s: Sequence[float], waiting: Sequence[int], *, warmup_s: float, end_s: float
+    times_s: Sequence[float], num_waiting: Sequence[int], *, warmup_s: float, end_s: float
 ) -> tuple[float, float]:
     """(calls waiting at the window's last sample, the rise of the least-squares line through
     the window's samples over the window, in calls); NaN for both with fewer than two
     samples. A queue that holds steady rises by about 0 however long it is; one that grows
     all window long rises by about its length at the end."""
-    pairs = [(t, q) for t, q in zip(times_s, waiting, strict=True) if warmup_s <= t <= end_s]
+    pairs = [(t, q) for t, q in zip(times_s, num_waiting, strict=True) if warmup_s <= t <= end_s]
     if len(pairs) < 2:
         return math.nan, math.nan
     t = np.array([p[0] for p in pairs], dtype=float)
@@ -109,9 +114,10 @@ def waiting_trend(
 
 
 def waiting_growth_s(rise_calls: float, num_requests: int, window_s: float) -> float:
-    """A queue's rise over the window in seconds of the window's finished calls: how much
-    longer a call arriving at the end waits than one arriving at the start, were the queue
-    one line served at the window's mean rate."""
+    """A queue's rise over the window in seconds of the window's calls (those that arrived
+    in it and finished, per second of it): about how much longer a call arriving at the end
+    waits than one arriving at the start, were the queue one line served at that rate (it
+    is served slower while it grows, so this understates the wait a little)."""
     if math.isnan(rise_calls) or num_requests <= 0 or window_s <= 0:
         return math.nan
     return rise_calls / (num_requests / window_s)
@@ -144,7 +150,7 @@ def summarize(
         for s in metrics.session_end_s
         if s in metrics.session_start_s and metrics.session_start_s[s] >= warmup_s
     ]
-    waiting_end, rise_calls = waiting_trend(
+    num_waiting_end, rise_calls = waiting_trend(
         [x.time_s for x in metrics.samples],
         [x.num_waiting_requests for x in metrics.samples],
         warmup_s=warmup_s,
@@ -181,7 +187,7 @@ def summarize(
         "migrated_seqs": metrics.migrated_seqs,
         "prefix_pulls": metrics.num_prefix_pulls,
         "num_rejected": metrics.num_rejected,
-        "waiting_end": waiting_end,
+        "num_waiting_end": num_waiting_end,
         "waiting_growth_s": waiting_growth_s(rise_calls, len(done), span_s),
         "warmup_s": warmup_s,
         "window_s": span_s,

@@ -12,6 +12,7 @@ import yaml
 from evinfra.bench.cli import add_bench_parser
 from evinfra.bench.run import run_bench
 from evinfra.bench.scenario import load_scenario, main_runs, parse_scenario
+from evinfra.sim.metrics import QUEUE_KEYS
 
 REPO = Path(__file__).resolve().parents[3]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -104,6 +105,8 @@ def test_sweep_and_goodput(tmp_path: Path, scenario_data: dict[str, Any]) -> Non
     # the goodput's own point, its queue's trend with it
     assert "| at the goodput | first failing |" in report
     assert all("queue " in p["reason"] for p in gp["dynamo"]["points"] if p["passed"])
+    at = next(p for p in gp["dynamo"]["points"] if p["value"] == gp["dynamo"]["rate"])
+    assert f"| {at['reason']} | none | passed every load tried |" in report
     # goodput runs at 4 and 6 sessions/s exist as runs of their own
     assert "dynamo__session_rate=4__seed0" in results["runs"]
     assert "evolving__session_rate=6__seed0" in results["runs"]
@@ -144,12 +147,10 @@ def test_cli_resume_and_errors(
     # a run stored before the summary had the queue's trend gets it from its timeseries
     stored = out / "runs" / "dynamo__seed0" / "summary.json"
     old = json.loads(stored.read_text())
-    stored.write_text(
-        json.dumps({k: v for k, v in old.items() if k not in ("waiting_end", "waiting_growth_s")})
-    )
+    stored.write_text(json.dumps({k: v for k, v in old.items() if k not in QUEUE_KEYS}))
     assert run_cli([str(path), "--out", str(out), "--resume", "--no-plots"]) == 0
     again = json.loads((out / "results.json").read_text())["systems"]["dynamo"]["summary"]
-    assert again["waiting_end"] == old["waiting_end"]
+    assert again["num_waiting_end"] == old["num_waiting_end"]
     assert again["waiting_growth_s"] == pytest.approx(old["waiting_growth_s"])
     assert all(r["reused"] for r in json.loads((out / "results.json").read_text())["runs"].values())
 
