@@ -45,12 +45,18 @@ def _script_and_scenario(tmp_path: Path) -> tuple[Any, Path]:
     return load_script("benchmarks/goodput_points.py", "goodput_points"), path
 
 
-def test_points_from_separate_runs_give_each_goodput_and_the_ratio(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _search_parts(tmp_path: Path) -> tuple[Any, Path, Any, Any, Any]:
+    """The script, the scenario file, the scenario and its two entries (evolving, dynamo)."""
     script, path = _script_and_scenario(tmp_path)
     scenario = load_scenario(path)
     evolving, dynamo = scenario.entries
+    return script, path, scenario, evolving, dynamo
+
+
+def test_points_from_separate_runs_give_each_goodput_and_the_ratio(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script, path, scenario, evolving, dynamo = _search_parts(tmp_path)
     stop = {"stop_past_ttft_p95_s": 2.0, "stop_max_unfinished_frac": 0.01}
 
     runs = [
@@ -94,9 +100,7 @@ def test_points_from_separate_runs_give_each_goodput_and_the_ratio(
 def test_the_queue_rule_rejudges_runs_and_old_runs_get_their_trend_from_the_timeseries(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    script, path = _script_and_scenario(tmp_path)
-    scenario = load_scenario(path)
-    evolving, dynamo = scenario.entries
+    script, path, scenario, evolving, dynamo = _search_parts(tmp_path)
     # dynamo at 4: stored before the summary had the queue's trend; its timeseries has the
     # waiting calls rising by 10 a second over the 50 s window (10 to 60 s), 100 calls
     # finished in it, 2 a second: the queue grew by 500 calls, 250 s of them
