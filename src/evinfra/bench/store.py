@@ -6,7 +6,6 @@ config, is not run again (`--resume`)."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from pydantic_core import to_json
 
 from evinfra.sim.cli import write_result
 from evinfra.sim.config import SimConfig
-from evinfra.sim.metrics import QUEUE_KEYS, waiting_growth_s, waiting_trend
+from evinfra.sim.metrics import NO_QUEUE_TREND, QUEUE_KEYS, queue_trend
 from evinfra.sim.runner import SimResult
 
 RUNS_DIR = "runs"
@@ -88,21 +87,20 @@ def read_summary(d: Path) -> dict[str, Any]:
     if all(k in summary for k in QUEUE_KEYS):
         return summary
     if summary.get("stopped_s") is not None:
-        return {**summary, **dict.fromkeys(QUEUE_KEYS, math.nan)}
+        return {**summary, **NO_QUEUE_TREND}
     try:
         samples = json.loads((d / "timeseries.json").read_text())
         warmup_s = float(summary["warmup_s"])
-        end_s = warmup_s + float(summary["window_s"])
-        num_waiting_end, rise_calls = waiting_trend(
+        queue = queue_trend(
             [float(x["time_s"]) for x in samples],
             [int(x["num_waiting_requests"]) for x in samples],
             warmup_s=warmup_s,
-            end_s=end_s,
+            end_s=warmup_s + float(summary["window_s"]),
+            num_requests=int(summary.get("num_requests", 0)),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return summary
-    growth_s = waiting_growth_s(rise_calls, int(summary.get("num_requests", 0)), end_s - warmup_s)
-    return {**summary, "num_waiting_end": num_waiting_end, "waiting_growth_s": growth_s}
+    return {**summary, **queue}
 
 
 def load_summary(out: Path, run_id: str, config: SimConfig) -> dict[str, Any] | None:

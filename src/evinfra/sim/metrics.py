@@ -93,6 +93,8 @@ def _mean(values: np.ndarray) -> float:
 QUEUE_KEYS = ("num_waiting_end", "waiting_growth_s")
 """The summary's keys for the waiting queue's trend (NaN where a run stopped early or
 records no samples: a serve replay)."""
+NO_QUEUE_TREND = dict.fromkeys(QUEUE_KEYS, math.nan)
+"""What a run stopped early reports for them: its samples end at the stop."""
 
 
 def waiting_trend(
@@ -123,6 +125,25 @@ def waiting_growth_s(rise_calls: float, num_requests: int, window_s: float) -> f
     return rise_calls / (num_requests / window_s)
 
 
+def queue_trend(
+    times_s: Sequence[float],
+    num_waiting: Sequence[int],
+    *,
+    warmup_s: float,
+    end_s: float,
+    num_requests: int,
+) -> dict[str, float]:
+    """The summary's `QUEUE_KEYS` from a run's samples of waiting calls and the calls that
+    arrived in the window [warmup_s, end_s] and finished."""
+    num_waiting_end, rise_calls = waiting_trend(
+        times_s, num_waiting, warmup_s=warmup_s, end_s=end_s
+    )
+    return {
+        "num_waiting_end": num_waiting_end,
+        "waiting_growth_s": waiting_growth_s(rise_calls, num_requests, end_s - warmup_s),
+    }
+
+
 KV_BYTES_KEYS = ("kv_bytes_moved", "kv_bytes_handed_off", "kv_bytes_pulled", "kv_bytes_migrated")
 """The summary's KV transfer keys: the whole, then its three parts."""
 
@@ -150,11 +171,12 @@ def summarize(
         for s in metrics.session_end_s
         if s in metrics.session_start_s and metrics.session_start_s[s] >= warmup_s
     ]
-    num_waiting_end, rise_calls = waiting_trend(
+    queue = queue_trend(
         [x.time_s for x in metrics.samples],
         [x.num_waiting_requests for x in metrics.samples],
         warmup_s=warmup_s,
         end_s=end_s,
+        num_requests=len(done),
     )
     return {
         "num_requests": len(done),
@@ -187,8 +209,7 @@ def summarize(
         "migrated_seqs": metrics.migrated_seqs,
         "prefix_pulls": metrics.num_prefix_pulls,
         "num_rejected": metrics.num_rejected,
-        "num_waiting_end": num_waiting_end,
-        "waiting_growth_s": waiting_growth_s(rise_calls, len(done), span_s),
+        **queue,
         "warmup_s": warmup_s,
         "window_s": span_s,
     }

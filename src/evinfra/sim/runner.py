@@ -23,7 +23,7 @@ from evinfra.policy.bundle import ClusterShape, SystemBundle, make_system
 from evinfra.sim.config import ConfigError, SimConfig
 from evinfra.sim.failure_stop import FailureStop, num_calls_before
 from evinfra.sim.links import LinkModel
-from evinfra.sim.metrics import QUEUE_KEYS, Metrics, summarize
+from evinfra.sim.metrics import NO_QUEUE_TREND, Metrics, summarize
 from evinfra.sim.node import SimNode
 from evinfra.sim.simulation import Progress, SimSettings, Simulation
 from evinfra.workloads.requests import PrefixHashCache, make_request
@@ -246,7 +246,7 @@ def run_sim(
         summary["stopped_s"] = sim.stopped[0] if sim.stopped else None
         summary["stopped_reason"] = sim.stopped[1] if sim.stopped else None
         if sim.stopped:  # its samples end at the stop: no trend over the whole window
-            summary.update(dict.fromkeys(QUEUE_KEYS, math.nan))
+            summary.update(NO_QUEUE_TREND)
     return SimResult(cfg, summary, metrics, spec)
 
 

@@ -149,10 +149,11 @@ def test_cli_resume_and_errors(
     old = json.loads(stored.read_text())
     stored.write_text(json.dumps({k: v for k, v in old.items() if k not in QUEUE_KEYS}))
     assert run_cli([str(path), "--out", str(out), "--resume", "--no-plots"]) == 0
-    again = json.loads((out / "results.json").read_text())["systems"]["dynamo"]["summary"]
+    resumed = json.loads((out / "results.json").read_text())
+    again = resumed["systems"]["dynamo"]["summary"]
     assert again["num_waiting_end"] == old["num_waiting_end"]
     assert again["waiting_growth_s"] == pytest.approx(old["waiting_growth_s"])
-    assert all(r["reused"] for r in json.loads((out / "results.json").read_text())["runs"].values())
+    assert all(r["reused"] for r in resumed["runs"].values())
 
     scenario_data["base"]["gpus_per_node"] = 4
     path.write_text(yaml.safe_dump(scenario_data))
