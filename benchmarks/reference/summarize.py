@@ -121,9 +121,26 @@ def seed_rows(all_results: list[dict[str, Any]], system: str = "evolving") -> li
 
 
 def _minor_label(value: float, _pos: object) -> str:
-    """2x, 5x, 20x, ... between the decades; nothing at the other minor ticks."""
-    mantissa = value / 10 ** math.floor(math.log10(value)) if value > 0 else 0.0
+    """2x, 5x, 20x and 50x between the decades up to 100x (past it the decades' own
+    labels would run into them); nothing at the other minor ticks."""
+    if not 0 < value < 100:
+        return ""
+    mantissa = value / 10 ** math.floor(math.log10(value))
     return f"{value:g}x" if round(mantissa) in (2, 5) else ""
+
+
+def plotted_systems(all_results: list[dict[str, Any]]) -> list[str]:
+    """The shown systems with a ratio in at least one scenario, in `SHOWN` order: a
+    system no folder ran (evolving and dynamo only) gets no bar slot and no legend entry."""
+    return [
+        s for s in SHOWN if any(s in ratios(r, metric) for r in all_results for metric in TARGETS)
+    ]
+
+
+def ratio_label(value: float) -> str:
+    """A bar's label: three significant digits below 100 (1.07x, 14.8x), whole numbers
+    with thousands separators above (142x, 1,030x), never scientific notation."""
+    return f"{value:.3g}x" if value < 100 else f"{value:,.0f}x"
 
 
 def plot(all_results: list[dict[str, Any]], path: Path) -> None:
@@ -135,7 +152,7 @@ def plot(all_results: list[dict[str, Any]], path: Path) -> None:
     from matplotlib.ticker import FuncFormatter
 
     labels = [scenario_label(r) for r in all_results]
-    systems = [s for s in SHOWN if any(s != r["baseline"] for r in all_results)]
+    systems = plotted_systems(all_results)
     height = 0.8 / max(len(systems), 1)
     fig, axes = plt.subplots(
         1, 2, figsize=(11, 1.2 + 0.45 * len(labels) * max(len(systems), 1)), sharey=True
@@ -152,7 +169,7 @@ def plot(all_results: list[dict[str, Any]], path: Path) -> None:
             ax.barh(ys, xs, height=height, label=system)
             for y, x in zip(ys, xs, strict=True):
                 ax.annotate(
-                    f"{x:.3g}x",
+                    ratio_label(x),
                     (x, y),
                     xytext=(3, 0),
                     textcoords="offset points",
@@ -167,6 +184,7 @@ def plot(all_results: list[dict[str, Any]], path: Path) -> None:
         ax.xaxis.set_minor_formatter(FuncFormatter(_minor_label))
         ax.set_yticks(range(len(labels)), labels)
         ax.grid(axis="x", which="both", alpha=0.3)
+        ax.set_axisbelow(True)  # the log scale's minor grid would stripe the bars
     axes[0].invert_yaxis()  # shared: the first scenario, and the first system, on top
     axes[0].legend(loc="lower right", fontsize=8)
     fig.tight_layout()

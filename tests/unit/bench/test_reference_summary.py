@@ -76,6 +76,29 @@ def test_plot_draws_every_scenarios_ratios(tmp_path: Path) -> None:
     assert png.stat().st_size > 10_000
 
 
+def test_plot_slots_only_systems_that_ran_and_labels_read_plainly(tmp_path: Path) -> None:
+    module = load()
+    # evolving and dynamo only (`--systems evolving dynamo`): no empty aggregated slot
+    only_two = [
+        stored(
+            tmp_path / f"ref-{i}",
+            f"ref-{i}",
+            {"evolving": block(5.0, 0.2, r), "dynamo": block(10.0, 4.0)},
+        )
+        for i, r in enumerate((2.0, 1030.0))
+    ]
+    assert module.plotted_systems(only_two) == ["evolving"]
+    both = [*only_two, stored(tmp_path / "ref-c", "ref-c", {"aggregated": block(6.0, 0.3, 1.5)})]
+    assert module.plotted_systems(both) == ["evolving", "aggregated"]
+    assert [module.ratio_label(v) for v in (1.07, 14.8, 142.4, 1030.0, 1170.4)] == [
+        "1.07x",
+        "14.8x",
+        "142x",
+        "1,030x",
+        "1,170x",
+    ]
+
+
 def test_seeds_in_separate_folders_get_a_geometric_mean(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -90,3 +113,16 @@ def test_seeds_in_separate_folders_get_a_geometric_mean(
     # geomean of 2, 0.5, 1 is 1: one row, only for the scenario with several seeds
     assert "| ref-x (seeds 0,1,2) | **1x** (0.5x-2x; 2x, 0.5x, 1x) |" in across
     assert "ref-y" not in across
+
+
+def test_minor_ticks_are_labelled_only_below_100x() -> None:
+    label = load()._minor_label
+    assert [label(v, None) for v in (2.0, 3.0, 5.0, 20.0, 50.0, 200.0, 500.0)] == [
+        "2x",
+        "",
+        "5x",
+        "20x",
+        "50x",
+        "",
+        "",
+    ]
