@@ -29,6 +29,12 @@ TARGETS = {"mean_e2e_s": 4.1, "p95_ttft_s": 14.0}
 """The reference result's ratios against Dynamo (mean e2e, P95 TTFT)."""
 
 
+def ratio_label(value: float) -> str:
+    """A bar's label: three significant digits below 100 (1.07x, 14.8x), whole numbers
+    with thousands separators above (142x, 1,030x), never scientific notation."""
+    return f"{value:.3g}x" if value < 100 else f"{value:,.0f}x"
+
+
 def _cell(block: dict[str, Any] | None, with_ratio: bool) -> str:
     if block is None or block.get("summary") is None:
         return "—"
@@ -36,7 +42,7 @@ def _cell(block: dict[str, Any] | None, with_ratio: bool) -> str:
     text = f"{s['mean_e2e_s']:.2f} / {s['p95_ttft_s']:.3g}"
     r = block.get("ratio_vs_dynamo") or {}
     if with_ratio and r.get("mean_e2e_s") and r.get("p95_ttft_s"):
-        text += f" ({r['mean_e2e_s']:.2f}x / {r['p95_ttft_s']:.3g}x)"
+        text += f" ({r['mean_e2e_s']:.2f}x / {ratio_label(r['p95_ttft_s'])})"
     return text
 
 
@@ -112,9 +118,10 @@ def seed_rows(all_results: list[dict[str, Any]], system: str = "evolving") -> li
             if len(known) < len(values):
                 cells.append("— (a seed lacks it)")
                 continue
-            per_seed = ", ".join(f"{v:.3g}x" for v in known)
+            per_seed = ", ".join(ratio_label(v) for v in known)
             cells.append(
-                f"**{geomean(known):.3g}x** ({min(known):.3g}x-{max(known):.3g}x; {per_seed})"
+                f"**{ratio_label(geomean(known))}** "
+                f"({ratio_label(min(known))}-{ratio_label(max(known))}; {per_seed})"
             )
         rows.append("| " + " | ".join(cells) + " |")
     return rows
@@ -135,12 +142,6 @@ def plotted_systems(all_results: list[dict[str, Any]]) -> list[str]:
     return [
         s for s in SHOWN if any(s in ratios(r, metric) for r in all_results for metric in TARGETS)
     ]
-
-
-def ratio_label(value: float) -> str:
-    """A bar's label: three significant digits below 100 (1.07x, 14.8x), whole numbers
-    with thousands separators above (142x, 1,030x), never scientific notation."""
-    return f"{value:.3g}x" if value < 100 else f"{value:,.0f}x"
 
 
 def plot(all_results: list[dict[str, Any]], path: Path) -> None:

@@ -115,6 +115,19 @@ def test_seeds_in_separate_folders_get_a_geometric_mean(
     assert "ref-y" not in across
 
 
+def test_large_ratios_print_plainly_in_the_tables(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for seed, ratio in ((0, 1174.0), (1, 882.0)):
+        systems = {"evolving": block(5.0, 0.2, ratio), "dynamo": block(10.0, 4.0)}
+        stored(tmp_path / f"m-s{seed}", "ref-m", systems, seed)
+    assert load().main([str(tmp_path / "m-s0"), str(tmp_path / "m-s1")]) == 0
+    out = capsys.readouterr().out
+    assert "e+0" not in out
+    assert "x / 1,174x)" in out  # the per-folder row
+    assert "**1,018x** (882x-1,174x; 1,174x, 882x)" in out  # across seeds: geomean 1,017.6
+
+
 def test_minor_ticks_are_labelled_only_below_100x() -> None:
     label = load()._minor_label
     assert [label(v, None) for v in (2.0, 3.0, 5.0, 20.0, 50.0, 200.0, 500.0)] == [
