@@ -30,8 +30,9 @@ TARGETS = {"mean_e2e_s": 4.1, "p95_ttft_s": 14.0}
 
 
 def ratio_label(value: float) -> str:
-    """A bar's label: three significant digits below 100 (1.07x, 14.8x), whole numbers
-    with thousands separators above (142x, 1,030x), never scientific notation."""
+    """A ratio as the tables and the plot's bars print it: three significant digits below
+    100 (1.07x, 14.8x), whole numbers with thousands separators above (142x, 1,030x),
+    never scientific notation."""
     return f"{value:.3g}x" if value < 100 else f"{value:,.0f}x"
 
 
