@@ -98,7 +98,11 @@ def parts(sim: Simulation) -> list[tuple[str, list[object]]]:
             # its tables too: the pools' and host tiers' listeners point into them
             [sim.block_index, *(vars(sim.block_index)[k] for k in ("_device", "_host", "_masks"))],
         ),
-        ("KV manager (session table)", [bundle.kv_manager]),
+        # its session table too: evolving's eviction scorers are closures over it
+        (
+            "KV manager (session table)",
+            [bundle.kv_manager, getattr(bundle.kv_manager, "table", None)],
+        ),
         ("router and planner", [bundle.router, bundle.planner]),
         ("schedulers and decode batches", [node.sched for node in sim.nodes]),
         ("calls in flight", [sim._inflight, sim._held, sim._awaiting_decode_step]),

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from evinfra.policy.evolving.kv_manager import AgentKVManager
 from evinfra.sim.runner import run_sim
 from evinfra.sim.simulation import Simulation
 from tests.scripts import load_script
@@ -66,6 +67,12 @@ def test_a_run_is_charged_to_the_parts_that_hold_it() -> None:
     # the block index's tables are its own, not the pools' listeners'
     index = sized["cluster block index"]
     assert index.num_bytes >= sys.getsizeof(vars(sim.block_index)["_device"])
+    # evolving's session table is the KV manager's, not the eviction scorers' around it
+    manager_obj = sim.bundle.kv_manager
+    assert isinstance(manager_obj, AgentKVManager)
+    table = manager_obj.table
+    manager = sized["KV manager (session table)"]
+    assert manager.num_bytes >= sys.getsizeof(table.owner) + sys.getsizeof(table.sessions)
     ever = sized["blocks ever computed (metrics: recomputed tokens)"]
     assert ever.num_bytes >= sys.getsizeof(sim._ever_computed)
     assert all(p.num_bytes >= 0 for p in sized.values())
