@@ -30,6 +30,7 @@ from evinfra.sim.failure_stop import FailureStop
 from evinfra.sim.links import LinkModel
 from evinfra.sim.metrics import Metrics, RequestRecord, TimeSample
 from evinfra.sim.node import SimNode, StepInFlight
+from evinfra.sim.seen_hashes import SeenHashes
 from evinfra.sim.sessions import SessionRun
 from evinfra.sim.settings import SimSettings
 from evinfra.workloads.types import SessionArrival, SessionPlan, Workload
@@ -112,7 +113,7 @@ class Simulation:
         self._arrivals: Iterator[SessionArrival] = workload.arrivals()
         self._inflight: dict[int, _Inflight] = {}
         self._next_request_id = 0
-        self._ever_computed: set[int] = set()
+        self._ever_computed = SeenHashes()
         self._recorded_prompt: dict[str, tuple[int, ...]] = {}
         """Per session, its last prompt added to `_ever_computed` (all of it is in)."""
         self._active_by_kind: dict[str, int] = {}
@@ -346,7 +347,7 @@ class Simulation:
         bs = self.nodes[0].sched.block_size
         hit = num_cached_tokens // bs
         seen = self._ever_computed
-        rec.num_recomputed_tokens = bs * sum(1 for h in req.prompt_hashes[hit:] if h in seen)
+        rec.num_recomputed_tokens = bs * seen.count_in(req.prompt_hashes[hit:])
         last = self._recorded_prompt.get(rec.session_id, ())
         seen.update(req.prompt_hashes[common_prefix_len(last, req.prompt_hashes) :])
         self._recorded_prompt[rec.session_id] = req.prompt_hashes
