@@ -5,7 +5,7 @@ more, its 32-byte int: over a long run the largest metrics-only structure
 (`benchmarks/sim_memory.py`). Here the hashes live in one sorted int64 array, the newest
 in a small set that is merged into it once it holds an eighth of it (a merge is linear:
 the two sorted runs are joined by a stable sort). A lookup that misses the newest set
-reads one bit of a filter first (about 8 bits a hash, one bit per hash: a hash's low bits
+reads one bit of a filter first (8-16 bits a hash, one bit per hash: a hash's low bits
 pick it, the hashes being uniform), so most of a call's blocks, never computed before,
 cost a set lookup and a bit test, and only the filter's hits (the true ones and about one
 in nine others) a binary search (over 600 s of 64 GPUs, 7.5% of the blocks looked up).
@@ -106,5 +106,5 @@ class SeenHashes:
         np.bitwise_or.at(view, idx >> 3, np.left_shift(1, idx & 7).astype(np.uint8))
 
     def num_distinct(self) -> int:
-        """How many distinct hashes are held (a merge's work: for tests and reports)."""
+        """How many distinct hashes are held: what a set's `len` would be (for tests)."""
         return len(self._sorted) + sum(1 for v in self._recent if self._count_sorted([v]) == 0)
