@@ -37,16 +37,10 @@ def test_walk_sizes_each_object_once_and_stops_at_other_roots() -> None:
 
 
 def _args() -> argparse.Namespace:
-    return argparse.Namespace(
-        workload="coding",
-        model="kimi-k2",
-        gpu="gb300",
-        rate_per_gpu=1 / 16,
-        duration_s=60.0,
-        seed=0,
-        block_size=64,
-        kv_capacity_scale=1.0,
-    )
+    """The script's own load defaults (coding, Kimi-K2 on GB300, 1/16 sessions/s a GPU)."""
+    p = argparse.ArgumentParser()
+    sim_memory.add_load_args(p)
+    return p.parse_args([])
 
 
 def test_a_run_is_charged_to_the_parts_that_hold_it() -> None:
