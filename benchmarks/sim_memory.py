@@ -8,15 +8,15 @@ Same load as `sim_speed.py` (a fixed session rate per GPU; coding, Kimi-K2 on GB
 no drain). After the run every part's objects are walked (`gc.get_referents`) and sized
 (`sys.getsizeof`); a walk does not enter another part's roots (a pool's listener into the
 block index, an eviction queue's scorer into the session table), and an object reached
-from two parts is charged to the first walked. The
-parts the simulator cannot run without come first (the KV pools, the cluster's block index,
-the policies, the schedulers, the work in flight), then what only feeds the metrics (the
-per-call records, the samples, the set of blocks ever computed behind
-`num_recomputed_tokens`), so a metrics row is about what dropping it would free. `RSS` is
-the process's resident set after the walk; what the walk does not find there is the
-allocator's free lists, the interpreter and the imported modules. The walk takes about a
-minute per GiB. One run per process: a second run's resident set would carry the first's
-freed memory.
+from two parts is charged to the first walked. The parts the simulator cannot run without
+come first (the KV pools, the cluster's block index, the policies, the schedulers, the
+work in flight), then what only feeds the metrics (the per-call records, the samples, the
+set of blocks ever computed behind `num_recomputed_tokens`), so a metrics row is about
+what dropping it would free. `RSS` is the process's resident set after the walk; what the
+walk does not find there is the allocator's free lists, the interpreter and the imported
+modules. The walk takes about 20 CPU seconds per GiB walked and lifts the peak by about
+half as much again (its own record of what it has seen). One run per process: a second
+run's resident set would carry the first's freed memory.
 """
 
 from __future__ import annotations
