@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import CodeType
 
-from sim_speed import add_load_args, load_config
+from sim_speed import add_load_args, load_config, peak_rss_mib
 
 from evinfra.sim.config import ConfigError
 from evinfra.sim.runner import run_sim
@@ -125,7 +125,7 @@ def rss_mib() -> float:
     if statm.is_file():
         pages = int(statm.read_text().split()[1])
         return pages * resource.getpagesize() / MIB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_mib()
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,8 +175,7 @@ def measure(system: str, num_gpus: int, args: argparse.Namespace) -> Measurement
     walk_start_s = time.process_time()
     sized = walk_parts(sim)
     walk_cpu_s = time.process_time() - walk_start_s
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return Measurement(label, num_calls, cpu_s, sized, walk_cpu_s, rss_mib(), peak)
+    return Measurement(label, num_calls, cpu_s, sized, walk_cpu_s, rss_mib(), peak_rss_mib())
 
 
 def report(m: Measurement) -> str:

@@ -30,6 +30,11 @@ from evinfra.sim.runner import run_sim
 from evinfra.sim.simulation import Simulation
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far, in MiB (`ru_maxrss` is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 class _CpuTrail:
     """Prints CPU seconds, events, peak memory and how full the nodes' KV is (device
     blocks holding content, host copies) each time the simulated clock passes another
@@ -60,7 +65,7 @@ class _CpuTrail:
         if sim_s < self.next_sim_s:
             return
         cpu_s = time.process_time() - self.cpu_start_s
-        rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        rss_gib = peak_rss_mib() / 1024
         print(
             f"{self.label}: sim {sim_s:.0f} s, CPU {cpu_s:.1f} s"
             f" (+{cpu_s - self.last_cpu_s:.1f} s), {num_events} events,"
@@ -123,9 +128,9 @@ def measure(
     result = run_sim(cfg, progress=trail, prepare=None if trail is None else trail.attach)
     wall_s = time.perf_counter() - start
     cpu_s = time.process_time() - cpu_start
-    # peak resident memory of this process so far (KiB on Linux): run one size per process
-    # (as the table's rows do when given one --gpus value) to read it per run
-    max_rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    # the process's peak so far: run one size per process (as the table's rows do when
+    # given one --gpus value) to read it per run
+    max_rss_gib = peak_rss_mib() / 1024
     s = result.summary
     sim_s = float(s["sim_end_s"])
     return {
