@@ -201,3 +201,24 @@ def test_an_import_queues_its_blocks_tail_first_and_unused() -> None:
     assert pool.eviction.order() == [pool.block_of(h) for h in (9, 8, 7)]
     assert pool.num_used_blocks == 0
     pool.check_integrity()
+
+
+@pytest.mark.parametrize("strategy", ["lru", "tiered"])
+def test_freeing_a_held_block_no_one_reads_names_it(strategy: str) -> None:
+    # the shared head of a held prefix is released in one pass; a block in it that no one
+    # reads any more is a double free, named before any count changes
+    ev = LRUEviction() if strategy == "lru" else TieredEviction(lambda h: -1.0, (-1.0, 0.0))
+    pool = KVPool(8, eviction=ev)
+    ids = pool.try_allocate(3)
+    assert ids is not None
+    pool.commit_many(ids, [11, 12, 13])
+    pool.free(ids[:1], held_hashes=[11])
+    assert pool.ref_count(ids[0]) == 0
+    with pytest.raises(ValueError, match=f"free of block {ids[0]} with ref count 0"):
+        pool.free(ids, held_hashes=[11, 12, 13])
+    assert [pool.ref_count(b) for b in ids] == [0, 1, 1]
+    pool.acquire_cached([11])
+    pool.acquire_cached([11, 12])
+    pool.free(ids, held_hashes=[11, 12, 13])  # a shared head (2, 2) before the held tail
+    assert [pool.ref_count(b) for b in ids] == [1, 1, 0]
+    pool.check_integrity()
