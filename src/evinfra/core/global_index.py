@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
-from itertools import accumulate, compress, repeat, takewhile
-from operator import and_, neg, not_, or_
+from itertools import accumulate, repeat, takewhile
+from operator import and_, neg, or_
 from typing import Protocol
 
-from evinfra.core.iterutil import run_all
 from evinfra.core.kv_pool import KVPool, PrefixMatch
 
 _MAX_SHARED_MATCHES = 1 << 16
@@ -82,15 +81,13 @@ def _flip_many(
         new = list(map(or_, map(table.get, keys, repeat(0)), repeat(bit)))
         table.update(zip(keys, map(one, new, new), strict=True))
         return
-    # clearing a bit: every key read first, in C (a key repeated reads its first value,
-    # which clearing the bit again leaves as it was); the masks left non-empty are then
-    # written in place and the emptied keys removed, so no key moves in the table's order
-    new = list(map(and_, map(table.get, keys, repeat(0)), repeat(~bit)))
-    left = list(filter(None, new))
-    if left:
-        table.update(zip(compress(keys, new), map(one, left, left), strict=True))
-    if len(left) < len(new):
-        run_all(map(table.pop, compress(keys, map(not_, new)), repeat(None)))
+    keep = ~bit
+    for key in keys:
+        mask = table.get(key, 0) & keep
+        if mask:
+            table[key] = one(mask, mask)
+        else:
+            table.pop(key, None)
 
 
 def _flip(table: dict[int, int], key: int, bit: int, present: bool, masks: dict[int, int]) -> None:

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from itertools import islice, repeat
 from typing import Protocol
-
-from evinfra.core.iterutil import run_all
 
 
 class HostListener(Protocol):
@@ -61,13 +58,6 @@ class HostTier:
         capacity, lru = self.capacity_blocks, self._lru
         if capacity == 0:
             return
-        if (
-            len(hashes) <= capacity
-            and not any(map(lru.__contains__, hashes))
-            and len(set(hashes)) == len(hashes)
-        ):
-            self._store_new(hashes)
-            return
         evicted: list[int] = []
         stored: list[int] = []
         for h in hashes:
@@ -90,25 +80,6 @@ class HostTier:
             self.listener.on_host_many(evicted, False)
         if stored:
             self.listener.on_host_many(stored, True)
-
-    def _store_new(self, hashes: Sequence[int]) -> None:
-        """`store_many` of distinct hashes none of which is held, no more than fit: the
-        usual offload of an eviction into a full tier. Stored in turn, each would evict
-        the oldest copy while the tier is full, and none of them is old enough to be
-        among those: so the oldest `overflow` copies leave, then all come in, in C."""
-        lru = self._lru
-        overflow = max(len(lru) + len(hashes) - self.capacity_blocks, 0)
-        evicted = list(islice(lru, overflow))
-        run_all(map(lru.__delitem__, evicted))
-        lru.update(zip(hashes, repeat(None)))
-        self.num_evicted += overflow
-        self.num_offloaded += len(hashes)
-        if self.listener is None:
-            return
-        if evicted:
-            self.listener.on_host_many(evicted, False)
-        if hashes:
-            self.listener.on_host_many(hashes, True)
 
     def touch(self, hashes: Sequence[int]) -> None:
         for h in hashes:

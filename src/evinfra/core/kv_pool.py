@@ -13,13 +13,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import compress, filterfalse, islice, repeat, takewhile
-from operator import sub
+from itertools import compress, filterfalse, islice, takewhile
 from typing import Protocol
 
 from evinfra.core.eviction import EvictionPolicy, LRUEviction
 from evinfra.core.host_tier import HostTier
-from evinfra.core.iterutil import run_all
 
 
 @dataclass(frozen=True, slots=True)
@@ -610,14 +608,10 @@ class KVPool:
             # block by block, the content read from the pool: a held block's is the told hash
             self._release_each(tail_first, cached_ids, cached_hashes)
             return None
-        if first:  # the shared head: every count down by one, in C
-            shared = counts[:first]
-            if min(shared) <= 1:
-                at = next(i for i, ref in enumerate(shared) if ref <= 1)
-                raise ValueError(
-                    f"free of block {held_ids[at]} with ref count {max(shared[at], 0)}"
-                )
-            run_all(map(refs.__setitem__, held_ids[:first], map(sub, shared, repeat(1))))
+        for block_id, ref in zip(held_ids[:first], counts, strict=False):
+            if ref <= 1:
+                raise ValueError(f"free of block {block_id} with ref count {max(ref, 0)}")
+            refs[block_id] = ref - 1
         if first == num_held:
             return None
         unread = held_ids[first:]
