@@ -4,6 +4,8 @@ named presets (`evolving-ttft`) beside them."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from evinfra.core.types import Role
@@ -13,6 +15,7 @@ from evinfra.policy.bundle import ClusterShape, make_system
 from evinfra.policy.evolving.planner import EvolvingPlanner
 from evinfra.sim.config import SimConfig
 from evinfra.sim.runner import run_sim
+from evinfra.sim.simulation import Simulation
 
 COST = make_cost_model("roofline", NodeSpec.from_names("tiny", "h100", 1, block_size=16))
 SHAPE = ClusterShape(4, 16, 1000, 0, 1024, 8192, 256, cost_model=COST)
@@ -73,3 +76,30 @@ def test_hybrid_preset_starts_with_a_quarter_of_the_nodes_prefill_only() -> None
     assert make_system("evolving", SHAPE, {}).initial_roles == [Role.MIXED] * 4
     with pytest.raises(ValueError, match="mixed_prefill_fraction"):
         make_system("evolving", SHAPE, {"mixed_prefill_fraction": 1.5})
+
+
+def test_the_floor_frees_blocks_no_call_can_read_and_keeps_every_result() -> None:
+    # computer-use drops old screenshots from the context every turn: the floor frees
+    # those blocks where the session ran (`drop_dead`, default) and every call's record
+    # is what keeping them gives
+    def run(drop_dead: bool) -> tuple[list[tuple[object, ...]], int]:
+        cfg = SimConfig(
+            system="oracle-split",
+            workload="computer-use",
+            num_gpus=16,
+            session_rate=1.0,
+            duration_s=150,
+            warmup_s=30,
+            drain_s=60,
+            seed=0,
+            system_options={"drop_dead": drop_dead},
+        )
+        sims: list[Simulation] = []
+        result = run_sim(cfg, prepare=sims.append)
+        records = sorted(dataclasses.astuple(r) for r in result.metrics.records.values())
+        return records, sum(n.sched.pool.num_cached_blocks for n in sims[0].nodes)
+
+    kept, num_kept = run(False)
+    freed, num_left = run(True)
+    assert freed == kept and len(kept) > 100
+    assert num_left < 0.5 * num_kept
