@@ -49,6 +49,13 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "--resume", action="store_true", help="reuse runs already stored in --out (same config)"
     )
     p.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNGs")
+    p.add_argument(
+        "--progress-every-s",
+        type=float,
+        default=60.0,
+        help="while no run finishes, print how far the runs in flight are this often"
+        " (wall seconds; default: %(default)g)",
+    )
     p.set_defaults(handler=run_bench_command)
 
 
@@ -103,6 +110,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         print("evinfra bench: error: --jobs must be >= 1", file=sys.stderr)
         return 2
+    if not args.progress_every_s > 0:
+        print("evinfra bench: error: --progress-every-s must be > 0", file=sys.stderr)
+        return 2
     path = Path(args.scenario)
     try:
         scenario = load_scenario(path)
@@ -136,6 +146,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
             command=reproduce_command(args, out),
             log=log,
             plots=args.plots,
+            progress_every_s=args.progress_every_s,
         )
     except (ScenarioError, ConfigError) as exc:
         print(f"evinfra bench: error: {exc}", file=sys.stderr)

@@ -17,9 +17,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from evinfra.bench.progress import (
+    PROGRESS_FILE,
+    InlineProgress,
+    ProgressFile,
+    fmt_duration,
+    read_progress,
+    running_line,
+)
 from evinfra.bench.scenario import RunSpec
-from evinfra.bench.store import load_summary, save_error, save_run
+from evinfra.bench.store import load_summary, run_dir, save_error, save_run
 from evinfra.sim.runner import run_sim
+from evinfra.sim.simulation import Progress
 
 Log = Callable[[str], None]
 K = TypeVar("K")
@@ -38,12 +47,14 @@ class RunOutcome:
         return self.summary is not None
 
 
-def execute_run(spec: RunSpec, out: str) -> RunOutcome:
+def execute_run(spec: RunSpec, out: str, progress: Progress | None = None) -> RunOutcome:
     """Run one simulation and store it under `out`; an exception becomes the outcome's error
-    (and error.json), so one bad run does not take the benchmark down."""
+    (and error.json), so one bad run does not take the benchmark down. `progress` is the
+    simulator's progress hook (`bench/progress.py`); its file, if it wrote one, is removed
+    when the run ends."""
     start = time.perf_counter()
     try:
-        result = run_sim(spec.config)
+        result = run_sim(spec.config, progress)
         save_run(Path(out), spec.run_id, result)
         summary = result.summary
         del result
@@ -53,6 +64,7 @@ def execute_run(spec: RunSpec, out: str) -> RunOutcome:
         save_error(Path(out), spec.run_id, spec.config, error)
         return RunOutcome(spec.run_id, None, error, time.perf_counter() - start)
     finally:
+        (run_dir(Path(out), spec.run_id) / PROGRESS_FILE).unlink(missing_ok=True)
         release_freed_memory()
     return RunOutcome(spec.run_id, summary, None, time.perf_counter() - start)
 
@@ -79,17 +91,6 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return fn
 
 
-def _fmt_duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    minutes, sec = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{sec:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
-
-
 class BenchExecutor:
     """Runs batches of RunSpecs; remembers every outcome by run id.
 
@@ -97,9 +98,21 @@ class BenchExecutor:
     the ETA cover later batches too (goodput bisection); it grows if a batch exceeds it.
     """
 
-    def __init__(self, out: Path, *, jobs: int = 1, resume: bool = False, log: Log) -> None:
+    def __init__(
+        self,
+        out: Path,
+        *,
+        jobs: int = 1,
+        resume: bool = False,
+        log: Log,
+        progress_every_s: float = 60.0,
+    ) -> None:
         if jobs < 1:
             raise ValueError(f"jobs must be >= 1, got {jobs}")
+        if progress_every_s <= 0:
+            raise ValueError(f"progress_every_s must be > 0, got {progress_every_s}")
+        self.progress_every_s = progress_every_s
+        """While no run finishes, how often a line tells how far the runs in flight are."""
         self.out = out
         self.jobs = jobs
         self.resume = resume
@@ -174,7 +187,13 @@ class BenchExecutor:
                 if self._pool is None:
                     queue.append(spec)
                 else:
-                    futures[self._pool.submit(execute_run, spec, str(self.out))] = spec
+                    hook = ProgressFile(
+                        self._progress_path(spec),
+                        spec.run_id,
+                        _end_s(spec),
+                        min(10.0, self.progress_every_s / 2),
+                    )
+                    futures[self._pool.submit(execute_run, spec, str(self.out), hook)] = spec
 
         for key, batch in first.items():
             begin(key, batch)
@@ -186,7 +205,9 @@ class BenchExecutor:
             if ready:
                 continue
             if futures:
-                done, _ = wait(futures, return_when=FIRST_COMPLETED)
+                done, _ = wait(futures, self.progress_every_s, FIRST_COMPLETED)
+                if not done:
+                    self._log_running(futures.values())
                 for fut in done:
                     spec = futures.pop(fut)
                     started.discard(spec.run_id)
@@ -194,7 +215,21 @@ class BenchExecutor:
             else:
                 spec = queue.popleft()  # not empty: a waiting run is queued or running
                 started.discard(spec.run_id)
-                self._finish(spec, execute_run(spec, str(self.out)))
+                inline = InlineProgress(
+                    self.log, spec.run_id, _end_s(spec), self.progress_every_s, self._elapsed_s
+                )
+                self._finish(spec, execute_run(spec, str(self.out), inline))
+
+    def _elapsed_s(self) -> float:
+        return time.perf_counter() - self._start
+
+    def _progress_path(self, spec: RunSpec) -> Path:
+        return run_dir(self.out, spec.run_id) / PROGRESS_FILE
+
+    def _log_running(self, specs: Iterable[RunSpec]) -> None:
+        """One line for the runs in flight that have reported (queued ones have not)."""
+        runs = [p for p in map(read_progress, map(self._progress_path, specs)) if p is not None]
+        self.log(running_line(runs, self._elapsed_s()))
 
     def _expect(self, specs: Collection[RunSpec]) -> None:
         """Runs about to start count in the progress line and the ETA."""
@@ -246,7 +281,12 @@ class BenchExecutor:
                 body += f"; stopped at {s['stopped_s']:.0f} s, certain to fail (figures to then)"
         elapsed = time.perf_counter() - self._start
         eta = self.eta_s()
-        tail = f"elapsed {_fmt_duration(elapsed)}"
+        tail = f"elapsed {fmt_duration(elapsed)}"
         if eta is not None:
-            tail += f", ETA {_fmt_duration(eta)}"
+            tail += f", ETA {fmt_duration(eta)}"
         return f"{head} {body} ({tail})"
+
+
+def _end_s(spec: RunSpec) -> float:
+    """Where the run's simulated clock stops at the latest: its duration plus its drain."""
+    return spec.config.duration_s + spec.config.drain_s

@@ -124,6 +124,7 @@ def run_bench(
     command: str = "",
     log: Log = print,
     plots: bool = True,
+    progress_every_s: float = 60.0,
 ) -> dict[str, Any]:
     """Runs everything, writes results.json, report.md and the plots; returns the results."""
     start = time.perf_counter()
@@ -131,7 +132,9 @@ def run_bench(
     specs = main_runs(scenario, quick=quick, scenario_path=scenario_path)
     goodput: dict[str, Any] | None = None
     goodput_specs: list[RunSpec] = []
-    with BenchExecutor(out, jobs=jobs, resume=resume, log=log) as ex:
+    with BenchExecutor(
+        out, jobs=jobs, resume=resume, log=log, progress_every_s=progress_every_s
+    ) as ex:
         ex.plan(specs)
         ex.plan(_estimate_goodput_work(scenario, quick))
         outcomes: dict[str, RunOutcome] = dict(ex.run(specs))

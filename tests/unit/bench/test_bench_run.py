@@ -159,6 +159,22 @@ def test_cli_resume_and_errors(
     path.write_text(yaml.safe_dump(scenario_data))
     assert run_cli([str(path), "--out", str(out)]) == 2
     assert "base: num_gpus" in capsys.readouterr().err
+    for bad in ("0", "-1", "nan"):
+        assert run_cli([str(path), "--out", str(out), "--progress-every-s", bad]) == 2
+        assert "--progress-every-s must be > 0" in capsys.readouterr().err
+
+
+def test_cli_prints_how_far_the_runs_in_flight_are(
+    tmp_path: Path, scenario_data: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario_data["systems"] = ["dynamo"]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario_data))
+    argv = [str(path), "--out", str(tmp_path / "out"), "--jobs", "1", "--no-plots"]
+    assert run_cli([*argv, "--progress-every-s", "0.01"]) == 0
+    assert "... running: dynamo__seed0 " in capsys.readouterr().err
+    assert run_cli([*argv, "--progress-every-s", "3600"]) == 0
+    assert "... running:" not in capsys.readouterr().err
 
 
 def test_cli_seeds_override(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from evinfra.bench import execute
+from evinfra.bench import execute, progress
 from evinfra.bench.aggregate import sanitize
 from evinfra.bench.execute import BenchExecutor, RunOutcome
 from evinfra.bench.scenario import RunSpec, main_runs, parse_scenario
@@ -137,7 +137,7 @@ def test_eta_scales_remaining_work(tmp_path: Path, scenario_data: dict[str, Any]
         assert eta == pytest.approx(3 * per_run)
 
 
-def _sleep_run(spec: RunSpec, out: str) -> RunOutcome:
+def _sleep_run(spec: RunSpec, out: str, progress: object = None) -> RunOutcome:
     """Stands in for a simulator run in the worker processes: the `slow` system takes 1.5 s,
     every other 0.05 s."""
     wall_s = 1.5 if spec.run_id.startswith("slow") else 0.05
@@ -223,3 +223,41 @@ def test_each_run_releases_its_memory(
         out = ex.run(make_runs(scenario_data))
     assert out["dynamo__seed0"].ok and not out["broken__seed0"].ok
     assert len(calls) == 2  # after the run that worked and after the one that failed
+
+
+def test_a_long_run_reports_its_simulated_time_while_it_runs(
+    tmp_path: Path, scenario_data: dict[str, Any]
+) -> None:
+    # in the parent process (--jobs 1) and in a worker: lines between the runs' own say
+    # how far each run's simulated clock has got, and no progress file is left behind
+    scenario_data["systems"] = ["dynamo"]
+    runs = make_runs(scenario_data)
+    end_s = runs[0].config.duration_s + runs[0].config.drain_s
+    for jobs in (1, 2):
+        lines: list[str] = []
+        out = tmp_path / f"jobs{jobs}"
+        with BenchExecutor(out, jobs=jobs, log=lines.append, progress_every_s=0.02) as ex:
+            assert ex.run(runs)["dynamo__seed0"].ok
+        running = [x for x in lines if x.startswith("... running: dynamo__seed0 ")]
+        assert running, lines
+        assert f"/{end_s:,.0f} simulated s (" in running[-1]
+        assert lines[-1].startswith("[1/1] dynamo__seed0")
+        assert not (run_dir(out, "dynamo__seed0") / "progress.json").exists()
+
+
+def test_progress_file_round_trip_and_a_run_not_started(tmp_path: Path) -> None:
+    path = tmp_path / "r" / "progress.json"
+    assert progress.read_progress(path) is None
+    hook = progress.ProgressFile(path, "evolving__seed0", 1740.0, every_s=0.0)
+    hook(612.4, 1000)
+    got = progress.read_progress(path)
+    assert got is not None and (got.run_id, got.sim_s, got.end_s) == (
+        "evolving__seed0",
+        612.4,
+        1740.0,
+    )
+    line = progress.running_line([got], 1300.0)
+    assert line.startswith("... running: evolving__seed0 612/1,740 simulated s (35%, ")
+    assert line.endswith("(elapsed 21m40s)")
+    path.write_text("{not json")
+    assert progress.read_progress(path) is None

@@ -1,0 +1,121 @@
+"""Progress of the runs in flight: a long run (25-50 minutes at 256 GPUs) reports how far
+its simulated clock has got, not only when it ends.
+
+A run in a worker process writes its simulated time to a small file in its run folder at
+most every `every_s` of wall time (`ProgressFile`, picklable, so it travels with the run);
+the parent reads those files when no run has finished for a while and prints one line for
+all of them (`running_line`). A run in the parent process (`--jobs 1`) prints the same line
+itself (`InlineProgress`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+PROGRESS_FILE = "progress.json"
+
+
+def fmt_duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    minutes, sec = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{sec:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+@dataclass(frozen=True, slots=True)
+class RunProgress:
+    run_id: str
+    sim_s: float
+    end_s: float
+    """Where the run's simulated clock stops: its duration plus its drain."""
+    wall_s: float
+
+    def describe(self) -> str:
+        pct = 100.0 * min(self.sim_s / self.end_s, 1.0) if self.end_s > 0 else 0.0
+        return (
+            f"{self.run_id} {self.sim_s:,.0f}/{self.end_s:,.0f} simulated s ({pct:.0f}%,"
+            f" {fmt_duration(self.wall_s)})"
+        )
+
+
+def running_line(runs: Iterable[RunProgress], elapsed_s: float) -> str:
+    """One line for the runs in flight, e.g. `... running: a 612/1,740 simulated s (35%,
+    9m12s); b 80/1,740 simulated s (5%, 1m02s) (elapsed 21m40s)`."""
+    parts = [r.describe() for r in runs]
+    body = "; ".join(parts) if parts else "starting"
+    return f"... running: {body} (elapsed {fmt_duration(elapsed_s)})"
+
+
+class ProgressFile:
+    """The simulator's progress hook for a run in a worker process: writes the simulated
+    time to `path` (replacing it whole, so a reader never sees half a file) at most every
+    `every_s` of wall time."""
+
+    def __init__(self, path: Path, run_id: str, end_s: float, every_s: float) -> None:
+        self.path = path
+        self.run_id = run_id
+        self.end_s = end_s
+        self.every_s = every_s
+        self._start = time.perf_counter()
+        self._last = -float("inf")
+
+    def __call__(self, sim_s: float, num_events: int) -> None:
+        now = time.perf_counter()
+        if now - self._last < self.every_s:
+            return
+        self._last = now
+        data = {"run_id": self.run_id, "sim_s": sim_s, "end_s": self.end_s}
+        data["wall_s"] = now - self._start
+        tmp = self.path.with_suffix(".tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self.path)
+        except OSError:  # progress is a courtesy: never fail a run for it
+            pass
+
+
+def read_progress(path: Path) -> RunProgress | None:
+    """What a run's `ProgressFile` last wrote; None before its first write."""
+    try:
+        data = json.loads(path.read_text())
+        return RunProgress(data["run_id"], data["sim_s"], data["end_s"], data["wall_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class InlineProgress:
+    """The simulator's progress hook for a run in the parent process (`--jobs 1`): logs
+    `running_line` for it at most every `every_s` of wall time."""
+
+    def __init__(
+        self,
+        log: Callable[[str], None],
+        run_id: str,
+        end_s: float,
+        every_s: float,
+        elapsed_s: Callable[[], float],
+    ) -> None:
+        self.log = log
+        self.run_id = run_id
+        self.end_s = end_s
+        self.every_s = every_s
+        self.elapsed_s = elapsed_s
+        self._start = time.perf_counter()
+        self._last = self._start
+
+    def __call__(self, sim_s: float, num_events: int) -> None:
+        now = time.perf_counter()
+        if now - self._last < self.every_s:
+            return
+        self._last = now
+        run = RunProgress(self.run_id, sim_s, self.end_s, now - self._start)
+        self.log(running_line([run], self.elapsed_s()))
