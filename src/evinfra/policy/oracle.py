@@ -4,16 +4,16 @@ Every node holds 100x its real KV, so nothing is evicted, nothing preempted and 
 block a later call can read stays where it was computed or copied; the latency-predicting
 router places each request where its prefix lives or pulls it. Blocks no call can read
 again (the part of a session's context its next prompt no longer holds, after a compaction
-or truncation, and no other live context holds) are freed at once (`drop_dead`, on by
-default): reading them is impossible, keeping them only costs the simulation memory
-(computer-use drops old screenshots every turn: without this, over 90% of the floor's
-device blocks at 900 s on 32 GPUs were such blocks). `oracle` keeps every node mixed;
-`oracle-split` lets evolving's planner split the nodes into prefill and decode in place
-when the load asks for it. Neither is best everywhere (a split keeps prefills off the
-decoding nodes, which wins on computer-use at 64 GPUs; all-mixed spreads decodes wider,
-which wins on a small cluster), so `evinfra bench` takes the lower of the two per metric
-as the floor. What remains is compute and queueing on the same GPUs: how close a system
-gets to the floor is how much it leaves on the table.
+or truncation the workload's hints announce, and no other live context holds) are freed at
+once (`drop_dead`, on by default): reading them is impossible, keeping them only costs the
+simulation memory (computer-use drops old screenshots every turn: without this, over 90%
+of the floor's device blocks at 900 s on 32 GPUs were such blocks). `oracle` keeps every
+node mixed; `oracle-split` lets evolving's planner split the nodes into prefill and decode
+in place when the load asks for it. Neither is best everywhere (a split keeps prefills off
+the decoding nodes, which wins on computer-use at 64 GPUs; all-mixed spreads decodes
+wider, which wins on a small cluster), so `evinfra bench` takes the lower of the two per
+metric as the floor. What remains is compute and queueing on the same GPUs: how close a
+system gets to the floor is how much it leaves on the table.
 """
 
 from __future__ import annotations
@@ -70,7 +70,9 @@ class _TableKV(LRUKVManager):
 
     def on_arrival(self, request: Request, now_s: float) -> list[KVAction]:
         arrival = self.table.on_arrival(request, now_s)
-        if not self.drop_dead or not arrival.dead_hashes:
+        # only what the workload says is dead: a context inferred from prefixes (a trace
+        # without hints) may be wrong, and a floor must not lose a block a call reads
+        if not self.drop_dead or request.hints is None or not arrival.dead_hashes:
             return []
         nodes = self.table.sessions[arrival.session_id].nodes
         return [DropBlocks(node_id, arrival.dead_hashes) for node_id in sorted(nodes)]

@@ -8,11 +8,13 @@ import dataclasses
 
 import pytest
 
-from evinfra.core.types import Role
+from evinfra.core.types import AgentHints, ContextEvent, Request, Role
 from evinfra.costmodel.node import NodeSpec
 from evinfra.costmodel.registry import make_cost_model
+from evinfra.policy.base import DropBlocks
 from evinfra.policy.bundle import ClusterShape, make_system
 from evinfra.policy.evolving.planner import EvolvingPlanner
+from evinfra.policy.evolving.router import EvolvingRouter
 from evinfra.sim.config import SimConfig
 from evinfra.sim.runner import run_sim
 from evinfra.sim.simulation import Simulation
@@ -103,3 +105,22 @@ def test_the_floor_frees_blocks_no_call_can_read_and_keeps_every_result() -> Non
     freed, num_left = run(True)
     assert freed == kept and len(kept) > 100
     assert num_left < 0.5 * num_kept
+
+
+def test_the_floor_drops_only_what_hints_say_is_dead() -> None:
+    # with hints a compaction's dead tail is freed where the session ran; inferred from
+    # prefixes (a trace without hints) nothing is, and `drop_dead: false` keeps all
+    def turns(options: dict[str, object], hinted: bool) -> list[object]:
+        bundle = make_system("oracle", SHAPE, options)
+        kv, router = bundle.kv_manager, bundle.router
+        assert isinstance(router, EvolvingRouter)  # shares the session table with kv
+        first = Request(1, (1, 2, 3, 4), 64, 8, (5,), AgentHints("s") if hinted else None)
+        kv.on_arrival(first, 0.0)
+        router.table.note_route(1, (2, 3))
+        kv.on_finish(first, 3, 1.0)
+        event = AgentHints("s", context_event=ContextEvent.COMPACT) if hinted else None
+        return list(kv.on_arrival(Request(2, (1, 2, 9), 48, 8, (), event), 2.0))
+
+    assert turns({}, hinted=True) == [DropBlocks(2, (3, 4, 5)), DropBlocks(3, (3, 4, 5))]
+    assert turns({}, hinted=False) == []
+    assert turns({"drop_dead": False}, hinted=True) == []
