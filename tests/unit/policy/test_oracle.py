@@ -23,6 +23,20 @@ COST = make_cost_model("roofline", NodeSpec.from_names("tiny", "h100", 1, block_
 SHAPE = ClusterShape(4, 16, 1000, 0, 1024, 8192, 256, cost_model=COST)
 
 
+def computer_use_16(system: str, **fields: object) -> SimConfig:
+    """Computer-use agents on 16 GPUs for 150 s: evolving's planner splits the nodes."""
+    data: dict[str, object] = {
+        "system": system,
+        "workload": "computer-use",
+        "num_gpus": 16,
+        "session_rate": 1.0,
+        "duration_s": 150,
+        "warmup_s": 30,
+        "seed": 0,
+    }
+    return SimConfig.model_validate({**data, **fields})
+
+
 def test_bundles() -> None:
     mixed = make_system("oracle", SHAPE, {})
     split = make_system("oracle-split", SHAPE, {})
@@ -37,17 +51,7 @@ def test_bundles() -> None:
 def test_split_oracle_switches_roles_where_evolving_does_and_the_mixed_one_never() -> None:
     # computer-use on 16 GPUs: evolving's planner splits the nodes twice in 150 s
     def run(system: str) -> dict[str, float]:
-        cfg = SimConfig(
-            system=system,
-            workload="computer-use",
-            num_gpus=16,
-            session_rate=1.0,
-            duration_s=150,
-            warmup_s=30,
-            drain_s=120,
-            seed=0,
-        )
-        return run_sim(cfg).summary
+        return run_sim(computer_use_16(system, drain_s=120)).summary
 
     evolving, split, mixed = run("evolving"), run("oracle-split"), run("oracle")
     assert evolving["role_switches"] > 0
@@ -85,17 +89,7 @@ def test_the_floor_frees_blocks_no_call_can_read_and_keeps_every_result() -> Non
     # those blocks where the session ran (`drop_dead`, default) and every call's record
     # is what keeping them gives
     def run(drop_dead: bool) -> tuple[list[tuple[object, ...]], int]:
-        cfg = SimConfig(
-            system="oracle-split",
-            workload="computer-use",
-            num_gpus=16,
-            session_rate=1.0,
-            duration_s=150,
-            warmup_s=30,
-            drain_s=60,
-            seed=0,
-            system_options={"drop_dead": drop_dead},
-        )
+        cfg = computer_use_16("oracle-split", drain_s=60, system_options={"drop_dead": drop_dead})
         sims: list[Simulation] = []
         result = run_sim(cfg, prepare=sims.append)
         records = sorted(dataclasses.astuple(r) for r in result.metrics.records.values())
