@@ -190,7 +190,7 @@ class BenchExecutor:
                     hook = ProgressFile(
                         self._progress_path(spec),
                         spec.run_id,
-                        _end_s(spec),
+                        spec.end_s,
                         min(10.0, self.progress_every_s / 2),
                     )
                     futures[self._pool.submit(execute_run, spec, str(self.out), hook)] = spec
@@ -216,7 +216,7 @@ class BenchExecutor:
                 spec = queue.popleft()  # not empty: a waiting run is queued or running
                 started.discard(spec.run_id)
                 inline = InlineProgress(
-                    self.log, spec.run_id, _end_s(spec), self.progress_every_s, self._elapsed_s
+                    self.log, spec.run_id, spec.end_s, self.progress_every_s, self._elapsed_s
                 )
                 self._finish(spec, execute_run(spec, str(self.out), inline))
 
@@ -285,8 +285,3 @@ class BenchExecutor:
         if eta is not None:
             tail += f", ETA {fmt_duration(eta)}"
         return f"{head} {body} ({tail})"
-
-
-def _end_s(spec: RunSpec) -> float:
-    """Where the run's simulated clock stops at the latest: its duration plus its drain."""
-    return spec.config.duration_s + spec.config.drain_s

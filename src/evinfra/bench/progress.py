@@ -13,7 +13,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 PROGRESS_FILE = "progress.json"
@@ -54,30 +54,42 @@ def running_line(runs: Iterable[RunProgress], elapsed_s: float) -> str:
     return f"... running: {body} (elapsed {fmt_duration(elapsed_s)})"
 
 
-class ProgressFile:
-    """The simulator's progress hook for a run in a worker process: writes the simulated
-    time to `path` (replacing it whole, so a reader never sees half a file) at most every
-    `every_s` of wall time."""
+class _ProgressHook:
+    """The simulator's progress hook for one run: hands `emit` the run's progress at most
+    every `every_s` of wall time (the first time at once when `at_once`, else after
+    `every_s`)."""
 
-    def __init__(self, path: Path, run_id: str, end_s: float, every_s: float) -> None:
-        self.path = path
+    def __init__(self, run_id: str, end_s: float, every_s: float, *, at_once: bool) -> None:
         self.run_id = run_id
         self.end_s = end_s
         self.every_s = every_s
         self._start = time.perf_counter()
-        self._last = -float("inf")
+        self._last = -float("inf") if at_once else self._start
 
     def __call__(self, sim_s: float, num_events: int) -> None:
         now = time.perf_counter()
         if now - self._last < self.every_s:
             return
         self._last = now
-        data = {"run_id": self.run_id, "sim_s": sim_s, "end_s": self.end_s}
-        data["wall_s"] = now - self._start
+        self.emit(RunProgress(self.run_id, sim_s, self.end_s, now - self._start))
+
+    def emit(self, run: RunProgress) -> None:
+        raise NotImplementedError
+
+
+class ProgressFile(_ProgressHook):
+    """For a run in a worker process: writes its progress to `path` (replacing the file
+    whole, so a reader never sees half of one), the first time at once."""
+
+    def __init__(self, path: Path, run_id: str, end_s: float, every_s: float) -> None:
+        super().__init__(run_id, end_s, every_s, at_once=True)
+        self.path = path
+
+    def emit(self, run: RunProgress) -> None:
         tmp = self.path.with_suffix(".tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(data))
+            tmp.write_text(json.dumps(asdict(run)))
             os.replace(tmp, self.path)
         except OSError:  # progress is a courtesy: never fail a run for it
             pass
@@ -86,15 +98,14 @@ class ProgressFile:
 def read_progress(path: Path) -> RunProgress | None:
     """What a run's `ProgressFile` last wrote; None before its first write."""
     try:
-        data = json.loads(path.read_text())
-        return RunProgress(data["run_id"], data["sim_s"], data["end_s"], data["wall_s"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return RunProgress(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
         return None
 
 
-class InlineProgress:
-    """The simulator's progress hook for a run in the parent process (`--jobs 1`): logs
-    `running_line` for it at most every `every_s` of wall time."""
+class InlineProgress(_ProgressHook):
+    """For a run in the parent process (`--jobs 1`): logs `running_line` for it, the first
+    time after `every_s`."""
 
     def __init__(
         self,
@@ -104,18 +115,9 @@ class InlineProgress:
         every_s: float,
         elapsed_s: Callable[[], float],
     ) -> None:
+        super().__init__(run_id, end_s, every_s, at_once=False)
         self.log = log
-        self.run_id = run_id
-        self.end_s = end_s
-        self.every_s = every_s
         self.elapsed_s = elapsed_s
-        self._start = time.perf_counter()
-        self._last = self._start
 
-    def __call__(self, sim_s: float, num_events: int) -> None:
-        now = time.perf_counter()
-        if now - self._last < self.every_s:
-            return
-        self._last = now
-        run = RunProgress(self.run_id, sim_s, self.end_s, now - self._start)
+    def emit(self, run: RunProgress) -> None:
         self.log(running_line([run], self.elapsed_s()))

@@ -174,6 +174,11 @@ class RunSpec:
     config: SimConfig
 
     @property
+    def end_s(self) -> float:
+        """Where the run's simulated clock stops at the latest: its duration plus its drain."""
+        return self.config.duration_s + self.config.drain_s
+
+    @property
     def work(self) -> float:
         """Relative cost, for the ETA: simulated seconds x GPUs."""
         return (self.config.duration_s + 0.25 * self.config.drain_s) * self.config.num_gpus

@@ -19,10 +19,11 @@ system gets to the floor is how much it leaves on the table.
 from __future__ import annotations
 
 from evinfra.core.types import Request, Role, SwitchMode
-from evinfra.policy.base import DropBlocks, KVAction
+from evinfra.policy.base import KVAction
 from evinfra.policy.bundle import ClusterShape, SystemBundle, register
 from evinfra.policy.dynamo.options import check_known, get_bool, get_float
 from evinfra.policy.evolving.bundle import monotone_decode
+from evinfra.policy.evolving.kv_manager import drop_where_session_ran
 from evinfra.policy.evolving.planner import EvolvingPlanner, PlannerConfig
 from evinfra.policy.evolving.rates import node_rates
 from evinfra.policy.evolving.router import EvolvingRouter, RouterConfig
@@ -75,7 +76,7 @@ class _TableKV(LRUKVManager):
         if not self.drop_dead or request.hints is None or not arrival.dead_hashes:
             return []
         nodes = self.table.sessions[arrival.session_id].nodes
-        return [DropBlocks(node_id, arrival.dead_hashes) for node_id in sorted(nodes)]
+        return drop_where_session_ran(arrival.dead_hashes, nodes)
 
     def on_finish(self, request: Request, node_id: int, now_s: float) -> list[KVAction]:
         self.table.on_finish(request, node_id, now_s)

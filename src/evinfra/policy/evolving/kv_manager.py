@@ -55,6 +55,12 @@ class KVManagerConfig:
     node's strategy itself instead of returning it."""
 
 
+def drop_where_session_ran(hashes: tuple[int, ...], nodes: set[int]) -> list[KVAction]:
+    """Free a session's dead blocks on the nodes it used (`SessionEntry.nodes`: its blocks
+    are nowhere else), in node order."""
+    return [DropBlocks(n, hashes) for n in sorted(nodes)]
+
+
 def run_keep_scores(
     table: SessionTable, hashes: list[int], node_id: int, now_s: float
 ) -> list[float]:
@@ -162,11 +168,10 @@ class AgentKVManager:
         self.table.note_route(request_id, node_ids)
 
     def _drop(self, hashes: tuple[int, ...], nodes: set[int]) -> list[KVAction]:
-        """Free dead blocks on the nodes the session used (its blocks are nowhere else)."""
         if not hashes or not self.config.free_dead_blocks:
             return []
         self.num_dropped_blocks += len(hashes)
-        return [DropBlocks(n, hashes) for n in sorted(nodes)]
+        return drop_where_session_ran(hashes, nodes)
 
     def on_arrival(self, request: Request, now_s: float) -> list[KVAction]:
         self.now_s = now_s
