@@ -57,17 +57,23 @@ def running_line(runs: Iterable[RunProgress], elapsed_s: float) -> str:
 class _ProgressHook:
     """The simulator's progress hook for one run: hands `emit` the run's progress at most
     every `every_s` of wall time (the first time at once when `at_once`, else after
-    `every_s`)."""
+    `every_s`). Its wall time counts from the simulator's first call, not from when the
+    hook was made: a run handed to a busy worker pool waits there first."""
 
     def __init__(self, run_id: str, end_s: float, every_s: float, *, at_once: bool) -> None:
         self.run_id = run_id
         self.end_s = end_s
         self.every_s = every_s
-        self._start = time.perf_counter()
-        self._last = -float("inf") if at_once else self._start
+        self.at_once = at_once
+        self._start: float | None = None
+        self._last = -float("inf")
 
     def __call__(self, sim_s: float, num_events: int) -> None:
         now = time.perf_counter()
+        if self._start is None:
+            self._start = now
+            if not self.at_once:
+                self._last = now
         if now - self._last < self.every_s:
             return
         self._last = now

@@ -261,3 +261,29 @@ def test_progress_file_round_trip_and_a_run_not_started(tmp_path: Path) -> None:
     assert line.endswith("(elapsed 21m40s)")
     path.write_text("{not json")
     assert progress.read_progress(path) is None
+
+
+def test_progress_wall_time_counts_from_the_runs_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a hook made when the run is handed to the pool, whose run starts 500 s later (a
+    # busy worker): its wall time is the run's own, not the wait
+    clock = [1000.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock[0])
+    path = tmp_path / "progress.json"
+    hook = progress.ProgressFile(path, "r", 100.0, every_s=10.0)
+    logged: list[str] = []
+    inline = progress.InlineProgress(logged.append, "r", 100.0, 10.0, lambda: 0.0)
+    clock[0] += 500.0
+    hook(1.0, 1)
+    inline(1.0, 1)
+    got = progress.read_progress(path)
+    assert got is not None and got.wall_s == 0.0
+    assert not logged  # inline: the first line after `every_s` of the run itself
+    clock[0] += 12.0
+    hook(7.0, 2)
+    inline(7.0, 2)
+    got = progress.read_progress(path)
+    assert got is not None and (got.sim_s, got.wall_s) == (7.0, 12.0)
+    assert len(logged) == 1 and "(7%, 12s)" in logged[0]
+
