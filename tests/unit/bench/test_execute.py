@@ -269,7 +269,7 @@ def test_progress_wall_time_counts_from_the_runs_start(
     # a hook made when the run is handed to the pool, whose run starts 500 s later (a
     # busy worker): its wall time is the run's own, not the wait
     clock = [1000.0]
-    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     path = tmp_path / "progress.json"
     hook = progress.ProgressFile(path, "r", 100.0, every_s=10.0)
     logged: list[str] = []
@@ -286,4 +286,3 @@ def test_progress_wall_time_counts_from_the_runs_start(
     got = progress.read_progress(path)
     assert got is not None and (got.sim_s, got.wall_s) == (7.0, 12.0)
     assert len(logged) == 1 and "(7%, 12s)" in logged[0]
-
