@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evinfra.core.types import AgentHints, ContextEvent, Request, SessionState
-from evinfra.policy.evolving.sessions import TIER_ACTIVE, TIER_AWAY, SessionTable
+from evinfra.policy.evolving.sessions import TIER_ACTIVE, TIER_AWAY, TIER_SHARED, SessionTable
 
 
 def req(rid: int, prompt: list[int], output: list[int], hints: AgentHints | None = None) -> Request:
@@ -86,6 +86,27 @@ def test_hints_take_precedence_and_last_turn_ends_reuse() -> None:
     assert table.keep_score(8, node_id=2, now_s=18.0) == TIER_AWAY
 
 
+def test_a_shared_prefix_stays_shared_when_its_last_writer_ends() -> None:
+    """Three sessions hold the system prompt; the one that wrote it last ends. The two
+    left still share it, so it scores SHARED (read from a live holder), and when one of
+    them ends too it is the other's alone: scored by that session's state."""
+    table = SessionTable()
+    for rid, sid in enumerate(("a", "b", "c")):
+        r = req(rid, [*SYSTEM, 10 * (rid + 1)], [10 * (rid + 1) + 1], AgentHints(sid))
+        table.on_arrival(r, 0.0)
+        table.on_finish(r, 0, 1.0)
+    assert table.owner[1] == "c" and table.keep_score(1, 0, 2.0) == TIER_SHARED
+    table.end("c")
+    assert table.owner[1] in ("a", "b") and table.num_holders(1) == 2
+    assert table.keep_score(1, 0, 2.0) == TIER_SHARED
+    table.end("b")
+    assert table.owner[1] == "a" and table.num_holders(1) == 1
+    table.sessions["a"].is_last_turn = True  # waiting, and said it will not be back
+    assert table.keep_score(1, 0, 2.0) == TIER_AWAY
+    table.end("a")
+    assert 1 not in table.owner and 1 in table.orphans
+
+
 def test_overdue_sessions_rank_by_idle_time() -> None:
     table = SessionTable()
     r = req(1, [5, 6], [7], AgentHints("s", expected_tool_s=1.0))
@@ -113,8 +134,9 @@ def test_holders_count_the_live_contexts_holding_a_block(
 ) -> None:
     """Turns of four sessions (named by hints, or inferred from the prompt) and session
     ends in any order, prompts over a few shared blocks: each block's holder count is the
-    number of live contexts that hold it, and it has an owner exactly when one does (the
-    owner is the last writer, which may have ended since while another holder lives)."""
+    number of live contexts that hold it, and it has an owner exactly when one does: a
+    live session that holds it (the last writer, or when that one let go, the latest of
+    the others), never one that ended or moved on while another holder lives."""
     table = SessionTable()
     for rid, (ends, slot, blocks, named) in enumerate(steps):
         sid = f"s{slot}"
@@ -131,3 +153,5 @@ def test_holders_count_the_live_contexts_holding_a_block(
             holders = [s for s, e in table.sessions.items() if h in e.context_hashes]
             assert table.num_holders(h) == len(holders)
             assert (h in table.owner) == bool(holders)
+            if holders:
+                assert table.owner[h] in holders

@@ -69,12 +69,14 @@ class SessionTable:
     """A session not expected back within this long (or this long overdue) is away."""
     sessions: dict[str, SessionEntry] = field(default_factory=dict)
     owner: dict[int, str] = field(default_factory=dict)
-    """Block hash -> the session whose context holds it (last writer): every block some
-    live session holds."""
-    shared: dict[int, int] = field(default_factory=dict)
-    """Block hash -> how many live session contexts hold it beyond the first (shared
-    prefixes only: one holder is the rule and is not stored, so the per-block reads of
-    eviction scoring look in this small dict instead of one as large as `owner`)."""
+    """Block hash -> a live session whose context holds it (the last writer; when it lets
+    go while others still hold the block, the latest of those): every block some live
+    session holds."""
+    shared: dict[int, list[str]] = field(default_factory=dict)
+    """Block hash -> the other live sessions whose contexts hold it, oldest writer first
+    (shared prefixes only: one holder is the rule and is not stored, so the per-block
+    reads of eviction scoring look in this small dict instead of one as large as
+    `owner`)."""
     request_session: dict[int, str] = field(default_factory=dict)
     orphans: OrderedDict[int, None] = field(default_factory=OrderedDict)
     """Blocks whose last holder ended (oldest first, at most `max_orphans`). Ordered: a
@@ -106,7 +108,7 @@ class SessionTable:
         keep = common_prefix_len(entry.context_hashes, request.prompt_hashes)
         if keep < len(entry.context_hashes) and event is not ContextEvent.FORK:
             # the prompt no longer holds the tail of the previous context: it is dead
-            dead = self._release(entry.context_hashes[keep:])
+            dead = self._release(entry.context_hashes[keep:], sid)
             entry.context_hashes = entry.context_hashes[:keep]
             if hints is None:
                 self.num_inferred_dead_blocks += len(dead)
@@ -170,14 +172,19 @@ class SessionTable:
         new_tail = context[keep:]
         if old_tail:
             new_set = set(new_tail)
-            self._release(tuple(h for h in old_tail if h not in new_set))
+            self._release(tuple(h for h in old_tail if h not in new_set), sid)
         old_set = set(old_tail)
         orphans, shared, owner = self.orphans, self.shared, self.owner
         for h in new_tail:
-            if h not in old_set:
-                if h in owner:  # held already: one more holder
-                    shared[h] = shared.get(h, 0) + 1
-                orphans.pop(h, None)
+            previous = owner.get(h)
+            if h in old_set:  # held by this session already: it becomes the last writer
+                if previous != sid and previous is not None:
+                    others = shared[h]
+                    others.remove(sid)
+                    others.append(previous)
+            elif previous is not None:  # held already: one more holder
+                shared.setdefault(h, []).append(previous)
+            orphans.pop(h, None)
             owner[h] = sid
         entry.context_hashes = context
         entry.node_id = node_id
@@ -199,25 +206,30 @@ class SessionTable:
         entry.state = SessionState.FINISHED
         if entry.parent_id in self.sessions:
             self.sessions[entry.parent_id].num_children_running -= 1
-        released = self._release(entry.context_hashes)
+        released = self._release(entry.context_hashes, sid)
         orphans = self.orphans
         orphans.update(zip(released, repeat(None)))
         while len(orphans) > self.max_orphans:
             orphans.popitem(last=False)
         return released
 
-    def _release(self, hashes: tuple[int, ...]) -> tuple[int, ...]:
-        """Drop one holder from each block; returns those no live session holds now."""
+    def _release(self, hashes: tuple[int, ...], sid: str) -> tuple[int, ...]:
+        """Session `sid` lets go of these blocks; returns those no live session holds now.
+        A shared block `sid` owned passes to the latest of its other holders, so that its
+        score and the inference of sessions read a live session, not an ended one."""
         dead = []
         shared, owner = self.shared, self.owner
         for h in hashes:
-            n = shared.get(h, 0) - 1
-            if n < 0:  # its last holder (or none)
+            others = shared.get(h)
+            if others is None:  # its last holder (or none)
                 owner.pop(h, None)
                 dead.append(h)
-            elif n:
-                shared[h] = n
+                continue
+            if owner.get(h) == sid:
+                owner[h] = others.pop()
             else:
+                others.remove(sid)
+            if not others:
                 del shared[h]
         return tuple(dead)
 
@@ -225,7 +237,7 @@ class SessionTable:
         """How many live session contexts hold the block."""
         if block_hash not in self.owner:
             return 0
-        return 1 + self.shared.get(block_hash, 0)
+        return 1 + len(self.shared.get(block_hash, ()))
 
     def note_route(self, request_id: int, node_ids: tuple[int, ...]) -> None:
         sid = self.request_session.get(request_id)
