@@ -27,7 +27,7 @@ def make_table(
         entry.session_id = sid
         table.sessions[sid] = entry
     table.owner.update(owners)
-    table.shared.update({h: ["x"] for h in shared if h in owners})
+    table.shared.update({h: {"x": None} for h in shared if h in owners})
     table.orphans.update(dict.fromkeys(orphans))
     return table
 

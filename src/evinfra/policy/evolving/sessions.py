@@ -72,11 +72,12 @@ class SessionTable:
     """Block hash -> a live session whose context holds it (the last writer; when it lets
     go while others still hold the block, the latest of those): every block some live
     session holds."""
-    shared: dict[int, list[str]] = field(default_factory=dict)
+    shared: dict[int, dict[str, None]] = field(default_factory=dict)
     """Block hash -> the other live sessions whose contexts hold it, oldest writer first
     (shared prefixes only: one holder is the rule and is not stored, so the per-block
     reads of eviction scoring look in this small dict instead of one as large as
-    `owner`)."""
+    `owner`). An ordered set: a system prompt's blocks have as many holders as there are
+    live sessions (about a thousand at 64 GPUs), and one of them lets go in O(1)."""
     request_session: dict[int, str] = field(default_factory=dict)
     orphans: OrderedDict[int, None] = field(default_factory=OrderedDict)
     """Blocks whose last holder ended (oldest first, at most `max_orphans`). Ordered: a
@@ -180,10 +181,10 @@ class SessionTable:
             if h in old_set:  # held by this session already: it becomes the last writer
                 if previous != sid and previous is not None:
                     others = shared[h]
-                    others.remove(sid)
-                    others.append(previous)
+                    del others[sid]
+                    others[previous] = None
             elif previous is not None:  # held already: one more holder
-                shared.setdefault(h, []).append(previous)
+                shared.setdefault(h, {})[previous] = None
             orphans.pop(h, None)
             owner[h] = sid
         entry.context_hashes = context
@@ -226,9 +227,9 @@ class SessionTable:
                 dead.append(h)
                 continue
             if owner.get(h) == sid:
-                owner[h] = others.pop()
+                owner[h] = others.popitem()[0]  # the latest writer of the others
             else:
-                others.remove(sid)
+                del others[sid]
             if not others:
                 del shared[h]
         return tuple(dead)
