@@ -16,6 +16,7 @@ from evinfra.policy.bundle import ClusterShape
 from evinfra.policy.evolving.bundle import monotone_decode
 from evinfra.policy.evolving.latency import (
     ObservedLoad,
+    carried_share,
     fastest_split,
     mixed_call_s,
     mixed_tpot_s,
@@ -100,14 +101,30 @@ def test_rates_probe_mixed_steps_and_monotone_keeps_them_above_decode() -> None:
     assert times == sorted(times)
 
 
+def test_carried_share_is_the_layouts_capacity_against_the_load() -> None:
+    # 25,000 prefill tokens/s: 2 prefill nodes of 10,000 carry 80% of it, 3 carry it all
+    heavy_prefill = replace(LOAD, prefill_tok_s=25_000.0, calls_s=25.0)
+    share = carried_share(lambda x: split_call_s(MOE, x, 2, 2), heavy_prefill)
+    assert 0.8 - 1 / 512 < share < 0.8
+    assert carried_share(lambda x: split_call_s(MOE, x, 3, 1), heavy_prefill) == 1.0
+    # 4 mixed nodes carry about 39,000 prefill tokens/s of 45,000
+    mixed = carried_share(lambda x: mixed_call_s(MOE, x, 4), replace(LOAD, prefill_tok_s=45_000.0))
+    assert 0.8 < mixed < 0.9
+    assert carried_share(lambda x: split_call_s(MOE, x, 0, 4), LOAD) == 0.0
+
+
 def _planner(
-    mixed_by_latency: bool, split_by_latency: bool = False, past_capacity: bool = True
+    mixed_by_latency: bool,
+    split_by_latency: bool = False,
+    past_capacity: bool = True,
+    in_overload: bool = False,
 ) -> EvolvingPlanner:
     cfg = PlannerConfig(
         min_dwell_s=0.0,
         mixed_by_latency=mixed_by_latency,
         split_by_latency=split_by_latency,
         mixed_past_split_capacity=past_capacity,
+        mixed_in_overload=in_overload,
     )
     return EvolvingPlanner(SessionTable(), MOE, 16, cfg)
 
@@ -292,3 +309,34 @@ def test_a_split_past_the_itl_target_stays_where_mixed_nodes_would_be_slower_sti
     assert _plan_twice(p, 2000, 1200, SPLIT_3_1, tpot_s=0.08) == [Role.DECODE]
     assert p._offered is not None and mixed_tpot_s(MOE, p._offered, 4) > 0.05
     assert _plan_twice(_planner(True), 2000, 1200, SPLIT_3_1, tpot_s=0.02) == [Role.DECODE]
+
+
+def test_an_overload_neither_layout_carries_keeps_the_mixed_nodes_that_carry_more() -> None:
+    # 45,000 prefill tokens/s on 4 nodes of 10,000: every node mixed carries about 87% of
+    # it, the 3/1 split the demands balance 67%; without the rule the overload splits
+    mixed = [Role.MIXED] * 4
+    p = _planner(True, in_overload=True)
+    assert _plan_twice(p, 4500, 100, mixed) == []
+    load = p._load
+    assert load is not None
+    assert mixed_call_s(MOE, load, 4) == math.inf == split_call_s(MOE, load, 3, 1)
+    mixed_share = carried_share(lambda x: mixed_call_s(MOE, x, 4), load)
+    split_share = carried_share(lambda x: split_call_s(MOE, x, 3, 1), load)
+    assert mixed_share > split_share
+    without = _plan_twice(_planner(True), 4500, 100, mixed)
+    assert without == [Role.DECODE, Role.PREFILL, Role.PREFILL, Role.PREFILL]
+
+
+def test_an_overload_the_split_carries_more_of_still_splits() -> None:
+    # the same 45,000 prefill tokens/s where a chunk step takes 200 ms: mixed nodes
+    # prefill 2,500 tok/s each, 22% of the load on 4, where the 3/1 split carries 67%
+    slow_mixing = replace(MOE, mixed_step_s_at=((1, 0.2), (64, 0.21), (256, 0.25)))
+    cfg = PlannerConfig(min_dwell_s=0.0, mixed_in_overload=True)
+    p = EvolvingPlanner(SessionTable(), slow_mixing, 16, cfg)
+    roles = _plan_twice(p, 4500, 100, [Role.MIXED] * 4)
+    assert roles == [Role.DECODE, Role.PREFILL, Role.PREFILL, Role.PREFILL]
+    load = p._load
+    assert load is not None
+    assert mixed_call_s(slow_mixing, load, 4) == math.inf == split_call_s(slow_mixing, load, 3, 1)
+    mixed_share = carried_share(lambda x: mixed_call_s(slow_mixing, x, 4), load)
+    assert mixed_share < carried_share(lambda x: split_call_s(slow_mixing, x, 3, 1), load)

@@ -138,3 +138,29 @@ def fastest_split(rates: NodeRates, load: ObservedLoad, num_nodes: int) -> tuple
         if call_s < best_s:
             best, best_s = num_prefill, call_s
     return best, best_s
+
+
+def carried_share(call_s: Callable[[ObservedLoad], float], load: ObservedLoad) -> float:
+    """The largest share of `load` (its calls, prefill and output tokens per second scaled
+    together, each call's size kept) for which `call_s` predicts a finite latency: 1 when
+    it carries the whole load, by bisection to 1/1024 otherwise; the capacity of a layout
+    against a load it cannot carry."""
+    if math.isfinite(call_s(load)):
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(_SHARE_STEPS):
+        mid = (lo + hi) / 2
+        scaled = ObservedLoad(
+            load.prefill_tok_s * mid,
+            load.output_tok_s * mid,
+            load.calls_s * mid,
+            load.prompt_blocks_per_call,
+        )
+        if math.isfinite(call_s(scaled)):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+_SHARE_STEPS = 10

@@ -24,6 +24,7 @@ from evinfra.policy.base import (
 )
 from evinfra.policy.evolving.latency import (
     ObservedLoad,
+    carried_share,
     fastest_split,
     mixed_call_s,
     mixed_tpot_s,
@@ -55,6 +56,14 @@ class PlannerConfig:
     slower than the split, within `split_hysteresis` (`latency.py`); a split in force is
     left only when load falls below the share's band, past the split's capacity
     (`mixed_past_split_capacity`) or past the ITL target (`mixed_past_split_itl`)."""
+    mixed_in_overload: bool = False
+    """With every node mixed and neither layout predicted to carry the load (the mixed
+    one nor the split the demands balance), nodes stay mixed while they are predicted to
+    carry at least the split's share of it (`latency.carried_share`); without it such
+    an overload splits, which halves the nodes that prefill (GLM-5 mixed at 64 GPUs,
+    7.5 sessions/s: 4/4 then 5/3 at 540 s as computer-use took over, 53 -> 566 calls
+    waiting in 40 s, every node mixed again at 590 s). Off by default until the goodput
+    searches it can change are rerun; preset `evolving-overload`."""
     mixed_past_split_capacity: bool = True
     """Every node is mixed, a split in force left, where no split carries the offered load
     (at every prefill count the prefill pool past its full rate or the decode pool past
@@ -385,10 +394,18 @@ class EvolvingPlanner:
         load = self._load
         if not self.config.mixed_by_latency or load is None:
             return False
-        mixed = mixed_call_s(self.rates, load, num_nodes)
+        rates, num_decode = self.rates, num_nodes - num_prefill
+        mixed = mixed_call_s(rates, load, num_nodes)
+        split = split_call_s(rates, load, num_prefill, num_decode)
         if not math.isfinite(mixed):
-            return False
-        split = split_call_s(self.rates, load, num_prefill, num_nodes - num_prefill)
+            if math.isfinite(split) or not self.config.mixed_in_overload:
+                return False
+            # an overload neither layout carries: stay with the one that carries more
+            mixed_share = carried_share(lambda x: mixed_call_s(rates, x, num_nodes), load)
+            split_share = carried_share(
+                lambda x: split_call_s(rates, x, num_prefill, num_decode), load
+            )
+            return mixed_share >= split_share
         return mixed <= split * (1 + self.config.split_hysteresis)
 
     def plan(self, view: ClusterView, now_s: float) -> list[RoleChange]:
