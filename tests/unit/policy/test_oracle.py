@@ -1,6 +1,6 @@
 """`oracle` (all mixed) and `oracle-split` (evolving's planner): unlimited KV, no planner
 unless split, and the split variant following evolving's PD split end to end; evolving's
-named presets (`evolving-ttft`) beside them."""
+named presets (`evolving-ttft`, `evolving-hybrid`, `evolving-overload`) beside them."""
 
 from __future__ import annotations
 
@@ -82,6 +82,17 @@ def test_hybrid_preset_starts_with_a_quarter_of_the_nodes_prefill_only() -> None
     assert make_system("evolving", SHAPE, {}).initial_roles == [Role.MIXED] * 4
     with pytest.raises(ValueError, match="mixed_prefill_fraction"):
         make_system("evolving", SHAPE, {"mixed_prefill_fraction": 1.5})
+
+
+def test_overload_preset_turns_the_planners_overload_rule_on() -> None:
+    def rule(system: str, options: dict[str, object]) -> bool:
+        planner = make_system(system, SHAPE, options).planner
+        assert isinstance(planner, EvolvingPlanner)
+        return planner.config.mixed_in_overload
+
+    assert not rule("evolving", {})  # off by default
+    assert rule("evolving-overload", {})
+    assert rule("evolving", {"mixed_in_overload": True})
 
 
 def test_the_floor_frees_blocks_no_call_can_read_and_keeps_every_result() -> None:
