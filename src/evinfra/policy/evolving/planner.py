@@ -396,17 +396,17 @@ class EvolvingPlanner:
             return False
         rates, num_decode = self.rates, num_nodes - num_prefill
         mixed = mixed_call_s(rates, load, num_nodes)
+        if not math.isfinite(mixed) and not self.config.mixed_in_overload:
+            return False
         split = split_call_s(rates, load, num_prefill, num_decode)
-        if not math.isfinite(mixed):
-            if math.isfinite(split) or not self.config.mixed_in_overload:
-                return False
-            # an overload neither layout carries: stay with the one that carries more
-            mixed_share = carried_share(lambda x: mixed_call_s(rates, x, num_nodes), load)
-            split_share = carried_share(
-                lambda x: split_call_s(rates, x, num_prefill, num_decode), load
-            )
-            return mixed_share >= split_share
-        return mixed <= split * (1 + self.config.split_hysteresis)
+        if math.isfinite(mixed):
+            return mixed <= split * (1 + self.config.split_hysteresis)
+        if math.isfinite(split):
+            return False
+        # an overload neither layout carries: stay with the one that carries more
+        mixed_share = carried_share(lambda x: mixed_call_s(rates, x, num_nodes), load)
+        split_share = carried_share(lambda x: split_call_s(rates, x, num_prefill, num_decode), load)
+        return mixed_share >= split_share
 
     def plan(self, view: ClusterView, now_s: float) -> list[RoleChange]:
         if self.config.switch_mode is SwitchMode.RESTART and not all(
