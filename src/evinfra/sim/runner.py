@@ -241,6 +241,7 @@ def run_sim(
     summary["kv_link_bytes"] = sim.links.num_bytes_moved
     summary["switch_cost_s"] = metrics.switch_cost_s
     summary["planner_prediction_error"] = prediction_error(sim.bundle.planner)
+    summary["planner_overload_holds"] = getattr(sim.bundle.planner, "overload_holds", None)
     if sim.failure_stop is not None:
         # the figures above are the run's up to this time, not the whole window's
         summary["stopped_s"] = sim.stopped[0] if sim.stopped else None

@@ -323,8 +323,11 @@ def test_an_overload_neither_layout_carries_keeps_the_mixed_nodes_that_carry_mor
     mixed_share = carried_share(lambda x: mixed_call_s(MOE, x, 4), load)
     split_share = carried_share(lambda x: split_call_s(MOE, x, 3, 1), load)
     assert mixed_share > split_share
-    without = _plan_twice(_planner(True), 4500, 100, mixed)
+    assert p.overload_holds == 2  # both plans of the confirmation kept every node mixed
+    off = _planner(True)
+    without = _plan_twice(off, 4500, 100, mixed)
     assert without == [Role.DECODE, Role.PREFILL, Role.PREFILL, Role.PREFILL]
+    assert off.overload_holds == 0
 
 
 def test_an_overload_the_split_carries_more_of_still_splits() -> None:
@@ -340,3 +343,4 @@ def test_an_overload_the_split_carries_more_of_still_splits() -> None:
     assert mixed_call_s(slow_mixing, load, 4) == math.inf == split_call_s(slow_mixing, load, 3, 1)
     mixed_share = carried_share(lambda x: mixed_call_s(slow_mixing, x, 4), load)
     assert mixed_share < carried_share(lambda x: split_call_s(slow_mixing, x, 3, 1), load)
+    assert p.overload_holds == 0

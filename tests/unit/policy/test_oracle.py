@@ -95,6 +95,36 @@ def test_overload_preset_turns_the_planners_overload_rule_on() -> None:
     assert rule("evolving", {"mixed_in_overload": True})
 
 
+def test_overload_preset_keeps_every_node_mixed_where_the_default_splits() -> None:
+    # computer-use at 0.8 sessions/s on two 8-GPU H100 nodes of Llama-3-70B: past what
+    # either layout is predicted to carry, the default splits the two nodes, the preset
+    # keeps both mixed and counts the plans it held (`planner_overload_holds`)
+    def run(system: str) -> dict[str, object]:
+        cfg = SimConfig.model_validate(
+            {
+                "system": system,
+                "workload": "computer-use",
+                "model": "llama-3-70b",
+                "gpu": "h100",
+                "num_gpus": 16,
+                "session_rate": 0.8,
+                "duration_s": 150,
+                "warmup_s": 30,
+                "seed": 0,
+            }
+        )
+        return run_sim(cfg).summary
+
+    default, overload = run("evolving"), run("evolving-overload")
+    assert default["planner_overload_holds"] == 0
+    assert default["role_switches"] > 0
+    assert isinstance(overload["planner_overload_holds"], int)
+    assert overload["planner_overload_holds"] > 0
+    assert overload["role_switches"] == 0
+    assert overload["mean_e2e_s"] != default["mean_e2e_s"]
+    assert run("dynamo")["planner_overload_holds"] is None  # no such rule
+
+
 def test_the_floor_frees_blocks_no_call_can_read_and_keeps_every_result() -> None:
     # computer-use drops old screenshots from the context every turn: the floor frees
     # those blocks where the session ran (`drop_dead`, default) and every call's record

@@ -143,6 +143,10 @@ class EvolvingPlanner:
     """The time of the plan being made."""
     _left_split_s: float = -math.inf
     """When a split was last left on its observed TPOT or TTFT (`_mixed_past_split_latency`)."""
+    overload_holds: int = 0
+    """Plans at which `mixed_in_overload` kept every node mixed where the planner would
+    otherwise have split (summary.json's `planner_overload_holds`): 0 means the run
+    is the one it would be with the option off."""
 
     @property
     def interval_s(self) -> float:
@@ -406,7 +410,10 @@ class EvolvingPlanner:
         # an overload neither layout carries: stay with the one that carries more
         mixed_share = carried_share(lambda x: mixed_call_s(rates, x, num_nodes), load)
         split_share = carried_share(lambda x: split_call_s(rates, x, num_prefill, num_decode), load)
-        return mixed_share >= split_share
+        if mixed_share < split_share:
+            return False
+        self.overload_holds += 1
+        return True
 
     def plan(self, view: ClusterView, now_s: float) -> list[RoleChange]:
         if self.config.switch_mode is SwitchMode.RESTART and not all(
