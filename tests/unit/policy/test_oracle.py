@@ -5,6 +5,7 @@ named presets (`evolving-ttft`, `evolving-hybrid`, `evolving-overload`) beside t
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -99,7 +100,7 @@ def test_overload_preset_keeps_every_node_mixed_where_the_default_splits() -> No
     # computer-use at 0.8 sessions/s on two 8-GPU H100 nodes of Llama-3-70B: past what
     # either layout is predicted to carry, the default splits the two nodes, the preset
     # keeps both mixed and counts the plans it held (`planner_overload_holds`)
-    def run(system: str) -> dict[str, object]:
+    def run(system: str) -> dict[str, Any]:
         cfg = SimConfig.model_validate(
             {
                 "system": system,
@@ -118,7 +119,6 @@ def test_overload_preset_keeps_every_node_mixed_where_the_default_splits() -> No
     default, overload = run("evolving"), run("evolving-overload")
     assert default["planner_overload_holds"] == 0
     assert default["role_switches"] > 0
-    assert isinstance(overload["planner_overload_holds"], int)
     assert overload["planner_overload_holds"] > 0
     assert overload["role_switches"] == 0
     assert overload["mean_e2e_s"] != default["mean_e2e_s"]
