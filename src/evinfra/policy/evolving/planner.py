@@ -57,13 +57,16 @@ class PlannerConfig:
     left only when load falls below the share's band, past the split's capacity
     (`mixed_past_split_capacity`) or past the ITL target (`mixed_past_split_itl`)."""
     mixed_in_overload: bool = False
-    """With every node mixed and neither layout predicted to carry the load (the mixed
-    one nor the split the demands balance), nodes stay mixed while they are predicted to
-    carry at least the split's share of it (`latency.carried_share`); without it such
-    an overload splits, which halves the nodes that prefill (GLM-5 mixed at 64 GPUs,
-    7.5 sessions/s: 4/4 then 5/3 at 540 s as computer-use took over, 53 -> 566 calls
-    waiting in 40 s, every node mixed again at 590 s). Off by default until the goodput
-    searches it can change are rerun; preset `evolving-overload`."""
+    """In an overload, the layout that carries more of it. With every node mixed and
+    neither layout predicted to carry the load (the mixed one nor the split the demands
+    balance), nodes stay mixed while they are predicted to carry at least the split's
+    share of it (`latency.carried_share`); without it such an overload splits, which
+    halves the nodes that prefill (GLM-5 mixed at 64 GPUs, 7.5 sessions/s: 4/4 then 5/3
+    at 540 s as computer-use took over, 53 -> 566 calls waiting in 40 s, every node mixed
+    again at 590 s). Under a split in force predicted not to carry the offered load,
+    every node turns mixed where mixed nodes are predicted to carry more of it, whatever
+    their TPOT (`_split_overloaded`). Off by default until the goodput searches it can
+    change are rerun; preset `evolving-overload`."""
     mixed_past_split_capacity: bool = True
     """Every node is mixed, a split in force left, where no split carries the offered load
     (at every prefill count the prefill pool past its full rate or the decode pool past
@@ -144,9 +147,9 @@ class EvolvingPlanner:
     _left_split_s: float = -math.inf
     """When a split was last left on its observed TPOT or TTFT (`_mixed_past_split_latency`)."""
     overload_holds: int = 0
-    """Plans at which `mixed_in_overload` kept every node mixed where the planner would
-    otherwise have split (summary.json's `planner_overload_holds`): 0 means the run
-    is the one it would be with the option off."""
+    """Plans at which `mixed_in_overload` chose every node mixed where the planner would
+    otherwise have split or kept a split (summary.json's `planner_overload_holds`): 0
+    means the run is the one it would be with the option off."""
 
     @property
     def interval_s(self) -> float:
@@ -290,6 +293,8 @@ class EvolvingPlanner:
             return self._mixed_layout(num_nodes)
         if mixing and self._mixed_past_split_latency(num_nodes, current_p is not None):
             return self._mixed_layout(num_nodes)
+        if mixing and current_p is not None and self._split_overloaded(p, num_nodes):
+            return self._mixed_layout(num_nodes)
         # the latency rule keeps nodes mixed but never leaves a split in force: under a
         # split its inputs (prefill queues, small prefills on decode nodes) are the
         # split's own, and leaving on them flapped GLM-5 computer-use at 64 GPUs between
@@ -390,6 +395,29 @@ class EvolvingPlanner:
             return False
         if leave:
             self._left_split_s = now_s
+        return True
+
+    def _split_overloaded(self, num_prefill: int, num_nodes: int) -> bool:
+        """With `mixed_in_overload`, under a split in force: the split the demands balance
+        is predicted not to carry the offered load (its prefill pool past its full rate or
+        its decode pool past its batch slots: a queue that only grows) and every node
+        mixed is predicted to carry more of it (`latency.carried_share`), whatever mixed
+        TPOT (the latency rules ask it within target, so a split past its capacity stayed:
+        Kimi-K2 computer-use at 64 GPUs, 5.5 sessions/s, seed 1: 6/2 and 5/3 in turn from
+        240 s, the offered load 6-25% past their capacity while mixed nodes carried all of
+        it at a predicted 51-67 ms TPOT, P95 TTFT 5.65 s). The offered load leaves out the
+        backlog, which the split's own prefill pool builds."""
+        load = self._offered
+        if not self.config.mixed_in_overload or load is None:
+            return False
+        rates, num_decode = self.rates, num_nodes - num_prefill
+        if math.isfinite(split_call_s(rates, load, num_prefill, num_decode)):
+            return False
+        mixed_share = carried_share(lambda x: mixed_call_s(rates, x, num_nodes), load)
+        split_share = carried_share(lambda x: split_call_s(rates, x, num_prefill, num_decode), load)
+        if mixed_share <= split_share:
+            return False
+        self.overload_holds += 1
         return True
 
     def _mixing_is_faster(self, num_prefill: int, num_nodes: int) -> bool:
