@@ -85,15 +85,16 @@ def test_hybrid_preset_starts_with_a_quarter_of_the_nodes_prefill_only() -> None
         make_system("evolving", SHAPE, {"mixed_prefill_fraction": 1.5})
 
 
-def test_overload_preset_turns_the_planners_overload_rule_on() -> None:
-    def rule(system: str, options: dict[str, object]) -> bool:
+def test_overload_preset_turns_the_planners_two_overload_rules_on() -> None:
+    def rules(system: str, options: dict[str, object]) -> tuple[bool, bool]:
         planner = make_system(system, SHAPE, options).planner
         assert isinstance(planner, EvolvingPlanner)
-        return planner.config.mixed_in_overload
+        return planner.config.mixed_in_overload, planner.config.mixed_past_split_overload
 
-    assert not rule("evolving", {})  # off by default
-    assert rule("evolving-overload", {})
-    assert rule("evolving", {"mixed_in_overload": True})
+    assert rules("evolving", {}) == (False, False)  # off by default
+    assert rules("evolving-overload", {}) == (True, True)
+    assert rules("evolving", {"mixed_in_overload": True}) == (True, False)
+    assert rules("evolving", {"mixed_past_split_overload": True}) == (False, True)
 
 
 def test_overload_preset_keeps_every_node_mixed_where_the_default_splits() -> None:

@@ -39,6 +39,7 @@ OPTIONS = (
     "split_hysteresis",
     "mixed_by_latency",
     "mixed_in_overload",
+    "mixed_past_split_overload",
     "mixed_past_split_capacity",
     "split_capacity_margin",
     "capacity_window_s",
@@ -109,6 +110,7 @@ def make_evolving(shape: ClusterShape, options: Mapping[str, object], name: str)
                 split_hysteresis=get_float(options, "split_hysteresis", 0.05, min_value=0.0),
                 mixed_by_latency=get_bool(options, "mixed_by_latency", True),
                 mixed_in_overload=get_bool(options, "mixed_in_overload", False),
+                mixed_past_split_overload=get_bool(options, "mixed_past_split_overload", False),
                 mixed_past_split_capacity=get_bool(options, "mixed_past_split_capacity", True),
                 split_capacity_margin=get_float(
                     options, "split_capacity_margin", 0.1, min_value=0.0
@@ -186,9 +188,9 @@ ABLATIONS: dict[str, dict[str, object]] = {
     # every node mixed, and a prefill sent where the step in flight ends soonest: the
     # light-load P95 TTFT without the hybrid layout's cost in mean e2e
     "evolving-phase": {"inflight_step_wait": True, "step_phase_wait": True},
-    # every node kept mixed in an overload that mixed nodes carry more of than the split
-    # would (docs/evolving.md): goodput past where the default splits
-    "evolving-overload": {"mixed_in_overload": True},
+    # in an overload, every node mixed where mixed nodes carry more of it than the split
+    # (docs/evolving.md): goodput past where the default splits or keeps a split
+    "evolving-overload": {"mixed_in_overload": True, "mixed_past_split_overload": True},
 }
 
 

@@ -63,10 +63,14 @@ class PlannerConfig:
     share of it (`latency.carried_share`); without it such an overload splits, which
     halves the nodes that prefill (GLM-5 mixed at 64 GPUs, 7.5 sessions/s: 4/4 then 5/3
     at 540 s as computer-use took over, 53 -> 566 calls waiting in 40 s, every node mixed
-    again at 590 s). Under a split in force predicted not to carry the offered load,
-    every node turns mixed where mixed nodes are predicted to carry more of it, whatever
-    their TPOT (`_split_overloaded`). Off by default until the goodput searches it can
-    change are rerun; preset `evolving-overload`."""
+    again at 590 s). Off by default until the goodput searches it can change are rerun;
+    preset `evolving-overload` (with `mixed_past_split_overload`)."""
+    mixed_past_split_overload: bool = False
+    """A split in force predicted not to carry the offered load is left for every node
+    mixed where mixed nodes are predicted to carry more of it, whatever their TPOT
+    (`_split_overloaded`). A trade, off by default: the split's queue stops growing (P95
+    TTFT within target) at the cost of mixed TPOT, and mean e2e can rise (GLM-5
+    computer-use at 64 GPUs, 4 sessions/s: +18%); preset `evolving-overload`."""
     mixed_past_split_capacity: bool = True
     """Every node is mixed, a split in force left, where no split carries the offered load
     (at every prefill count the prefill pool past its full rate or the decode pool past
@@ -147,9 +151,9 @@ class EvolvingPlanner:
     _left_split_s: float = -math.inf
     """When a split was last left on its observed TPOT or TTFT (`_mixed_past_split_latency`)."""
     overload_holds: int = 0
-    """Plans at which `mixed_in_overload` chose every node mixed where the planner would
-    otherwise have split or kept a split (summary.json's `planner_overload_holds`): 0
-    means the run is the one it would be with the option off."""
+    """Plans at which `mixed_in_overload` or `mixed_past_split_overload` chose every node
+    mixed where the planner would otherwise have split or kept a split (summary.json's
+    `planner_overload_holds`): 0 means the run is the one it would be with both off."""
 
     @property
     def interval_s(self) -> float:
@@ -398,9 +402,9 @@ class EvolvingPlanner:
         return True
 
     def _split_overloaded(self, num_prefill: int, num_nodes: int) -> bool:
-        """With `mixed_in_overload`, under a split in force: the split the demands balance
-        is predicted not to carry the offered load (its prefill pool past its full rate or
-        its decode pool past its batch slots: a queue that only grows) and every node
+        """With `mixed_past_split_overload`, under a split in force: the split the demands
+        balance is predicted not to carry the offered load (its prefill pool past its full
+        rate or its decode pool past its batch slots: a queue that only grows) and every node
         mixed is predicted to carry more of it (`latency.carried_share`), whatever mixed
         TPOT (the latency rules ask it within target, so a split past its capacity stayed:
         Kimi-K2 computer-use at 64 GPUs, 5.5 sessions/s, seed 1: 6/2 and 5/3 in turn from
@@ -408,7 +412,7 @@ class EvolvingPlanner:
         it at a predicted 51-67 ms TPOT, P95 TTFT 5.65 s). The offered load leaves out the
         backlog, which the split's own prefill pool builds."""
         load = self._offered
-        if not self.config.mixed_in_overload or load is None:
+        if not self.config.mixed_past_split_overload or load is None:
             return False
         rates, num_decode = self.rates, num_nodes - num_prefill
         if math.isfinite(split_call_s(rates, load, num_prefill, num_decode)):
