@@ -66,11 +66,11 @@ class PlannerConfig:
     again at 590 s). Off by default until the goodput searches it can change are rerun;
     preset `evolving-overload` (with `mixed_past_split_overload`)."""
     mixed_past_split_overload: bool = False
-    """A split in force predicted not to carry the offered load is left for every node
-    mixed where mixed nodes are predicted to carry more of it, whatever their TPOT
-    (`_split_overloaded`). A trade, off by default: the split's queue stops growing (P95
-    TTFT within target) at the cost of mixed TPOT, and mean e2e can rise (GLM-5
-    computer-use at 64 GPUs, 4 sessions/s: +18%); preset `evolving-overload`."""
+    """A split in force predicted not to carry the offered load, whose observed P95 TTFT
+    passes `ttft_target_s`, is left for every node mixed where mixed nodes are predicted
+    to carry more of it, whatever their TPOT (`_split_overloaded`). A trade, off by
+    default: the split's queue stops growing at the cost of mixed TPOT, and mean e2e can
+    rise; preset `evolving-overload`."""
     mixed_past_split_capacity: bool = True
     """Every node is mixed, a split in force left, where no split carries the offered load
     (at every prefill count the prefill pool past its full rate or the decode pool past
@@ -404,9 +404,10 @@ class EvolvingPlanner:
     def _split_overloaded(self, num_prefill: int, num_nodes: int) -> bool:
         """With `mixed_past_split_overload`, under a split in force: the split the demands
         balance is predicted not to carry the offered load (its prefill pool past its full
-        rate or its decode pool past its batch slots: a queue that only grows) and every node
-        mixed is predicted to carry more of it (`latency.carried_share`), whatever mixed
-        TPOT (the latency rules ask it within target, so a split past its capacity stayed:
+        rate or its decode pool past its batch slots: a queue that only grows), its calls'
+        P95 TTFT over `window_s` passes the target, and every node mixed is predicted to
+        carry more of the load (`latency.carried_share`), whatever mixed TPOT (the
+        latency rules ask it within target, so a split past its capacity stayed:
         Kimi-K2 computer-use at 64 GPUs, 5.5 sessions/s, seed 1: 6/2 and 5/3 in turn from
         240 s, the offered load 6-25% past their capacity while mixed nodes carried all of
         it at a predicted 51-67 ms TPOT, P95 TTFT 5.65 s). The offered load leaves out the
@@ -414,6 +415,8 @@ class EvolvingPlanner:
         load = self._offered
         if not self.config.mixed_past_split_overload or load is None:
             return False
+        if self._observed_ttft_p95_s() <= self.config.ttft_target_s:
+            return False  # the split still serves first tokens within the target
         rates, num_decode = self.rates, num_nodes - num_prefill
         if math.isfinite(split_call_s(rates, load, num_prefill, num_decode)):
             return False
