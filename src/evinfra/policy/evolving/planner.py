@@ -415,17 +415,26 @@ class EvolvingPlanner:
         load = self._offered
         if not self.config.mixed_past_split_overload or load is None:
             return False
+        num_decode = num_nodes - num_prefill
+        if math.isfinite(split_call_s(self.rates, load, num_prefill, num_decode)):
+            return False
         if self._observed_ttft_p95_s() <= self.config.ttft_target_s:
             return False  # the split still serves first tokens within the target
-        rates, num_decode = self.rates, num_nodes - num_prefill
-        if math.isfinite(split_call_s(rates, load, num_prefill, num_decode)):
-            return False
-        mixed_share = carried_share(lambda x: mixed_call_s(rates, x, num_nodes), load)
-        split_share = carried_share(lambda x: split_call_s(rates, x, num_prefill, num_decode), load)
+        mixed_share, split_share = self._carried_shares(load, num_prefill, num_nodes)
         if mixed_share <= split_share:
             return False
         self.overload_holds += 1
         return True
+
+    def _carried_shares(
+        self, load: ObservedLoad, num_prefill: int, num_nodes: int
+    ) -> tuple[float, float]:
+        """(every node mixed, the split with `num_prefill` prefill nodes): the share of
+        `load` each is predicted to carry (`latency.carried_share`)."""
+        rates, num_decode = self.rates, num_nodes - num_prefill
+        mixed_share = carried_share(lambda x: mixed_call_s(rates, x, num_nodes), load)
+        split_share = carried_share(lambda x: split_call_s(rates, x, num_prefill, num_decode), load)
+        return mixed_share, split_share
 
     def _mixing_is_faster(self, num_prefill: int, num_nodes: int) -> bool:
         """Every node mixed is predicted to serve a call no later than the split with
@@ -443,8 +452,7 @@ class EvolvingPlanner:
         if math.isfinite(split):
             return False
         # an overload neither layout carries: stay with the one that carries more
-        mixed_share = carried_share(lambda x: mixed_call_s(rates, x, num_nodes), load)
-        split_share = carried_share(lambda x: split_call_s(rates, x, num_prefill, num_decode), load)
+        mixed_share, split_share = self._carried_shares(load, num_prefill, num_nodes)
         if mixed_share < split_share:
             return False
         self.overload_holds += 1
