@@ -1,19 +1,25 @@
-"""The cluster-wide block index: which nodes hold each block, on device and on host.
+"""The cluster-wide block index: which nodes hold each block on device, and each node's
+host tier.
 
-Each pool reports what it indexes and forgets through a `PoolListener`; one walk over a
-prompt then gives every node's prefix match at once (a bitmask of nodes per block), where
-asking every pool in turn costs nodes x prefix length. This is the global index of the
-distributed KV manager (ARCHITECTURE.md), kept exact by the pools themselves.
+Each pool reports what its device index gains and loses through a `PoolListener`; one
+walk over a prompt then gives every node's device prefix match at once (a bitmask of nodes
+per block), where asking every pool in turn costs nodes x prefix length. Host copies are
+not indexed: a node's host run starts where its own device run ends, so each node's host
+tier is asked from there, which costs one lookup for a node whose tier lacks the next
+block (nearly all of them) and spares the index two updates for every block a full pool
+evicts (its copy stored on host, another copy leaving the host). This is the global index
+of the distributed KV manager (ARCHITECTURE.md), kept exact by the pools themselves.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, repeat, takewhile
 from operator import and_, neg, or_
 from typing import Protocol
 
+from evinfra.core.host_tier import HostTier
 from evinfra.core.kv_pool import KVPool, PrefixMatch
 
 _MAX_SHARED_MATCHES = 1 << 16
@@ -23,23 +29,16 @@ class PoolListener(Protocol):
     def on_device(self, block_hash: int, present: bool) -> None:
         """The pool's device index gained (True) or lost (False) `block_hash`."""
 
-    def on_host(self, block_hash: int, present: bool) -> None:
-        """The pool's host tier gained or lost `block_hash`."""
-
     def on_device_many(self, block_hashes: Sequence[int], present: bool) -> None:
         """`on_device` for each hash in turn (a pool's commits or imports at once)."""
 
-    def on_host_many(self, block_hashes: Sequence[int], present: bool) -> None:
-        """`on_host` for each hash in turn (an eviction's offloads at once)."""
-
 
 class _NodeListener:
-    __slots__ = ("_bit", "_device", "_host", "_masks", "_owner")
+    __slots__ = ("_bit", "_device", "_masks", "_owner")
 
     def __init__(self, bit: int, owner: GlobalBlockIndex) -> None:
         self._bit = bit
         self._device = owner._device
-        self._host = owner._host
         self._masks = owner._masks
         self._owner = owner
 
@@ -47,16 +46,8 @@ class _NodeListener:
         _flip(self._device, block_hash, self._bit, present, self._masks)
         self._owner.version += 1
 
-    def on_host(self, block_hash: int, present: bool) -> None:
-        _flip(self._host, block_hash, self._bit, present, self._masks)
-        self._owner.version += 1
-
     def on_device_many(self, block_hashes: Sequence[int], present: bool) -> None:
         _flip_many(self._device, block_hashes, self._bit, present, self._masks)
-        self._owner.version += 1
-
-    def on_host_many(self, block_hashes: Sequence[int], present: bool) -> None:
-        _flip_many(self._host, block_hashes, self._bit, present, self._masks)
         self._owner.version += 1
 
 
@@ -103,7 +94,9 @@ class GlobalBlockIndex:
     def __init__(self, num_nodes: int) -> None:
         self.num_nodes = num_nodes
         self._device: dict[int, int] = {}
-        self._host: dict[int, int] = {}
+        self._host_tables: dict[int, Mapping[int, None]] = {}
+        """Per node with a host tier, what the tier holds (`HostTier.contents`), read for
+        the node's run where its device run ends."""
         self._masks: dict[int, int] = {}
         """One int object per node mask in use, shared by every block with that mask: a
         block's mask is read on every walk of a prompt through it, and a few shared
@@ -126,11 +119,24 @@ class GlobalBlockIndex:
         """Make `pool` report to this index as node `node_id` (its current content too)."""
         listener = self.listener(node_id)
         pool.listener = listener
-        pool.host.listener = listener
         for h in pool.cached_hashes():
             listener.on_device(h, True)
-        for h in pool.host.hashes():
-            listener.on_host(h, True)
+        self.attach_host(pool.host, node_id)
+
+    def attach_host(self, host: HostTier, node_id: int) -> None:
+        """Read node `node_id`'s host run from `host`, which tells this index when what
+        it holds changes (a pool's tier: `attach` does it)."""
+        if not 0 <= node_id < self.num_nodes:
+            raise ValueError(f"node {node_id} outside 0..{self.num_nodes - 1}")
+        host.on_change = self._host_changed
+        if host.capacity_blocks:
+            self._host_tables[node_id] = host.contents()
+        else:
+            self._host_tables.pop(node_id, None)
+        self.version += 1
+
+    def _host_changed(self) -> None:
+        self.version += 1
 
     def nodes_holding(self, block_hash: int) -> list[int]:
         mask = self._device.get(block_hash, 0)
@@ -157,22 +163,25 @@ class GlobalBlockIndex:
     def _match_all(self, hashes: Sequence[int]) -> list[PrefixMatch]:
         n = self.num_nodes
         device_len = _runs_by_node(map(self._device.get, hashes, repeat(0)), (1 << n) - 1, [0] * n)
-        host = self._host
         shared = self._shared
         if len(shared) > _MAX_SHARED_MATCHES:
             shared.clear()
         get, add = shared.get, shared.setdefault
-        if not host:
+        # each node's host run starts where its device run ends: one lookup for a node
+        # whose tier lacks the next block (nearly every node)
+        end = len(hashes)
+        host_len: list[int] | None = None
+        for node, table in self._host_tables.items():
+            start = device_len[node]
+            if start < end and hashes[start] in table:
+                i = start + 1
+                while i < end and hashes[i] in table:
+                    i += 1
+                if host_len is None:
+                    host_len = [0] * n
+                host_len[node] = i - start
+        if host_len is None:
             return [get(k) or add(k, PrefixMatch(k, 0)) for k in device_len]
-        # each node's host run starts where its device run ends: the nodes whose device
-        # runs end at one place walk the host masks from there together
-        starts: dict[int, int] = {}
-        for node, start in enumerate(device_len):
-            starts[start] = starts.get(start, 0) | 1 << node
-        host_len = [0] * n
-        host_get = host.get
-        for start, nodes in starts.items():
-            _runs_by_node(map(host_get, hashes[start:], repeat(0)), nodes, host_len)
         return [
             get(key) or add(key, PrefixMatch(d, h))
             for d, h, key in zip(

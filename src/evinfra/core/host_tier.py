@@ -7,15 +7,7 @@ scheduler (which charges its transfer time).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Protocol
-
-
-class HostListener(Protocol):
-    def on_host(self, block_hash: int, present: bool) -> None: ...
-
-    def on_host_many(self, block_hashes: Sequence[int], present: bool) -> None:
-        """`on_host` for each hash in turn."""
+from collections.abc import Callable, Mapping, Sequence
 
 
 class HostTier:
@@ -26,7 +18,11 @@ class HostTier:
         self._lru: OrderedDict[int, None] = OrderedDict()
         self.num_offloaded = 0
         self.num_evicted = 0
-        self.listener: HostListener | None = None
+        self.on_change: Callable[[], None] | None = None
+        """Called once after each call that changed which hashes are held (a copy stored
+        or gone), never for a refresh, which only reorders them. A reader of the tier
+        (the cluster-wide index) reads `contents` itself: it only needs to know when an
+        answer it remembers may be stale."""
 
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self._lru
@@ -34,52 +30,35 @@ class HostTier:
     def __len__(self) -> int:
         return len(self._lru)
 
+    def contents(self) -> Mapping[int, None]:
+        """The hashes held, as a live view kept current by this tier (read, never
+        write): a caller that tests many hashes skips a method call each."""
+        return self._lru
+
     def store(self, block_hash: int) -> None:
         """Copy a block in (or refresh it). Evicts the least recently used when full."""
-        if self.capacity_blocks == 0:
-            return
-        if block_hash in self._lru:
-            self._lru.move_to_end(block_hash)
-            return
-        while len(self._lru) >= self.capacity_blocks:
-            gone, _ = self._lru.popitem(last=False)
-            self.num_evicted += 1
-            if self.listener is not None:
-                self.listener.on_host(gone, False)
-        self._lru[block_hash] = None
-        self.num_offloaded += 1
-        if self.listener is not None:
-            self.listener.on_host(block_hash, True)
+        self.store_many((block_hash,))
 
     def store_many(self, hashes: Sequence[int]) -> None:
-        """`store` each hash in turn (an eviction's offloads); the listener hears in two
-        calls the hashes that left and those that came in, and is left knowing what is
-        held after the last store."""
+        """`store` each hash in turn (an eviction's offloads): a hash held is refreshed
+        (moved to the back), a new one evicts the least recently used copy when full."""
         capacity, lru = self.capacity_blocks, self._lru
         if capacity == 0:
             return
-        evicted: list[int] = []
-        stored: list[int] = []
+        held_before, stored = len(lru), 0
         for h in hashes:
             if h in lru:
                 lru.move_to_end(h)
                 continue
             while len(lru) >= capacity:
-                evicted.append(lru.popitem(last=False)[0])
+                lru.popitem(last=False)
             lru[h] = None
-            stored.append(h)
-        self.num_evicted += len(evicted)
-        self.num_offloaded += len(stored)
-        if self.listener is None:
-            return
-        # a hash may have left and come back, or come and left again (refreshed older
-        # copies move behind it): tell what is held after the last store
-        evicted = [h for h in evicted if h not in lru]
-        stored = [h for h in stored if h in lru]
-        if evicted:
-            self.listener.on_host_many(evicted, False)
+            stored += 1
         if stored:
-            self.listener.on_host_many(stored, True)
+            self.num_offloaded += stored
+            self.num_evicted += held_before + stored - len(lru)
+            if self.on_change is not None:
+                self.on_change()
 
     def touch(self, hashes: Sequence[int]) -> None:
         for h in hashes:
@@ -92,27 +71,19 @@ class HostTier:
         for h in hashes:
             if self._lru.pop(h, 0) is None:
                 n += 1
-                if self.listener is not None:
-                    self.listener.on_host(h, False)
+        if n and self.on_change is not None:
+            self.on_change()
         return n
 
     def hashes(self) -> list[int]:
         return list(self._lru)
 
     def clear(self) -> None:
-        if self.listener is not None:
-            for h in self._lru:
-                self.listener.on_host(h, False)
+        if not self._lru:
+            return
         self._lru.clear()
-
-    def count_run(self, hashes: Sequence[int], start: int) -> int:
-        """How many consecutive hashes from `start` on are held here."""
-        n = 0
-        for h in hashes[start:]:
-            if h not in self._lru:
-                break
-            n += 1
-        return n
+        if self.on_change is not None:
+            self.on_change()
 
     def check_integrity(self) -> None:
         if len(self._lru) > self.capacity_blocks:

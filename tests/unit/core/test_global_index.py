@@ -2,7 +2,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evinfra.core.global_index import GlobalBlockIndex, _flip, _flip_many
+from evinfra.core.host_tier import HostTier
 from evinfra.core.kv_pool import KVPool
+
+
+def _hosts(index: GlobalBlockIndex, num_nodes: int) -> list[HostTier]:
+    tiers = [HostTier(1000) for _ in range(num_nodes)]
+    for i, tier in enumerate(tiers):
+        index.attach_host(tier, i)
+    return tiers
 
 
 def test_one_walk_matches_every_pool() -> None:
@@ -19,6 +27,28 @@ def test_one_walk_matches_every_pool() -> None:
     got = index.match_all([1, 2, 3, 4])
     assert [(m.num_device_blocks, m.num_host_blocks) for m in got] == [(3, 0), (2, 1), (0, 0)]
     assert index.nodes_holding(2) == [0, 1]
+
+
+def test_a_remembered_match_sees_host_changes() -> None:
+    """The index reads the host tiers themselves; a change to one must still end the
+    answer it remembers for a prompt."""
+    pools = [KVPool(8, 4) for _ in range(2)]
+    index = GlobalBlockIndex(2)
+    for i, p in enumerate(pools):
+        index.attach(p, i)
+    prompt = (1, 2, 3)
+
+    def runs() -> list[tuple[int, int]]:
+        return [(m.num_device_blocks, m.num_host_blocks) for m in index.match_all(prompt)]
+
+    assert runs() == [(0, 0), (0, 0)]
+    pools[1].store_host(1)
+    pools[1].store_host(2)
+    assert runs() == [(0, 0), (0, 2)]
+    pools[1].drop([2])
+    assert runs() == [(0, 0), (0, 1)]
+    pools[1].host.clear()
+    assert runs() == [(0, 0), (0, 0)]
 
 
 ops = st.lists(
@@ -83,12 +113,13 @@ def test_match_all_agrees_with_a_walk_per_node(
     num_nodes = 10
     index = GlobalBlockIndex(num_nodes)
     listeners = [index.listener(i) for i in range(num_nodes)]
+    hosts = _hosts(index, num_nodes)
     hashes = [1000 + i for i in range(len(holders))]
     for h, nodes in zip(hashes, holders, strict=True):
         for node in nodes:
             listeners[node].on_device(h, True)
         for node in host_nodes:
-            listeners[node].on_host(h, True)
+            hosts[node].store(h)
     got = index.match_all(hashes)
     for node in range(num_nodes):
         device = 0
@@ -111,13 +142,14 @@ def test_host_runs_agree_with_a_walk_per_node(held: list[tuple[set[int], set[int
     num_nodes = 10
     index = GlobalBlockIndex(num_nodes)
     listeners = [index.listener(i) for i in range(num_nodes)]
+    hosts = _hosts(index, num_nodes)
     hashes = [1000 + i for i in range(len(held))]
     for h, (device_nodes, host_nodes) in zip(hashes, held, strict=True):
         for node in device_nodes:
             listeners[node].on_device(h, True)
         for node in host_nodes:
-            listeners[node].on_host(h, True)
-    listeners[0].on_host(1, True)  # a host tier that is never empty
+            hosts[node].store(h)
+    hosts[0].store(1)  # a host tier that is never empty
     got = index.match_all(hashes)
     for node in range(num_nodes):
         device = 0
