@@ -95,8 +95,9 @@ def parts(sim: Simulation) -> list[tuple[str, list[object]]]:
         ("KV pools: the rest", list(pools)),
         (
             "cluster block index",
-            # its tables too: the pools' and host tiers' listeners point into them
-            [sim.block_index, *(vars(sim.block_index)[k] for k in ("_device", "_host", "_masks"))],
+            # its tables too: the pools' listeners point into them (it reads the host
+            # tiers' own tables, charged to the tiers above)
+            [sim.block_index, *(vars(sim.block_index)[k] for k in ("_device", "_masks"))],
         ),
         # its session table too: evolving's eviction scorers are closures over it
         (
