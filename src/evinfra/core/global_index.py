@@ -19,7 +19,7 @@ from itertools import accumulate, repeat, takewhile
 from operator import and_, neg, or_
 from typing import Protocol
 
-from evinfra.core.host_tier import HostTier
+from evinfra.core.host_tier import HostTier, held_run
 from evinfra.core.kv_pool import KVPool, PrefixMatch
 
 _MAX_SHARED_MATCHES = 1 << 16
@@ -110,9 +110,12 @@ class GlobalBlockIndex:
         """One (frozen) match per pair of lengths, shared by every answer: a route asks
         about every node at once."""
 
-    def listener(self, node_id: int) -> PoolListener:
+    def _check_node(self, node_id: int) -> None:
         if not 0 <= node_id < self.num_nodes:
             raise ValueError(f"node {node_id} outside 0..{self.num_nodes - 1}")
+
+    def listener(self, node_id: int) -> PoolListener:
+        self._check_node(node_id)
         return _NodeListener(1 << node_id, self)
 
     def attach(self, pool: KVPool, node_id: int) -> None:
@@ -126,8 +129,7 @@ class GlobalBlockIndex:
     def attach_host(self, host: HostTier, node_id: int) -> None:
         """Read node `node_id`'s host run from `host`, which tells this index when what
         it holds changes (a pool's tier: `attach` does it)."""
-        if not 0 <= node_id < self.num_nodes:
-            raise ValueError(f"node {node_id} outside 0..{self.num_nodes - 1}")
+        self._check_node(node_id)
         host.on_change = self._host_changed
         if host.capacity_blocks:
             self._host_tables[node_id] = host.contents()
@@ -173,13 +175,10 @@ class GlobalBlockIndex:
         host_len: list[int] | None = None
         for node, table in self._host_tables.items():
             start = device_len[node]
-            if start < end and hashes[start] in table:
-                i = start + 1
-                while i < end and hashes[i] in table:
-                    i += 1
+            if start < end and hashes[start] in table:  # else no run: spare the call
                 if host_len is None:
                     host_len = [0] * n
-                host_len[node] = i - start
+                host_len[node] = held_run(table, hashes, start)
         if host_len is None:
             return [get(k) or add(k, PrefixMatch(k, 0)) for k in device_len]
         return [

@@ -7,7 +7,15 @@ scheduler (which charges its transfer time).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
+from itertools import islice, takewhile
+
+
+def held_run(held: Container[int], hashes: Sequence[int], start: int) -> int:
+    """How many consecutive `hashes` from `start` on `held` contains (a tier's
+    `contents`), counted in C: a node's host run, which starts where its device run
+    ends."""
+    return len(list(takewhile(held.__contains__, islice(hashes, start, None))))
 
 
 class HostTier:

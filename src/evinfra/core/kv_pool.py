@@ -17,7 +17,7 @@ from itertools import compress, filterfalse, islice, takewhile
 from typing import Protocol
 
 from evinfra.core.eviction import EvictionPolicy, LRUEviction
-from evinfra.core.host_tier import HostTier
+from evinfra.core.host_tier import HostTier, held_run
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +258,7 @@ class KVPool:
         host = self.host
         if not len(host) or n == len(hashes):
             return PrefixMatch(n, 0)
-        return PrefixMatch(n, len(list(takewhile(host.__contains__, islice(hashes, n, None)))))
+        return PrefixMatch(n, held_run(host.contents(), hashes, n))
 
     def holds(self, block_hash: int) -> bool:
         return block_hash in self._index
