@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import accumulate, repeat, takewhile
+from functools import reduce
+from itertools import accumulate, islice, repeat, takewhile
 from operator import and_, neg, or_
 from typing import Protocol
 
 from evinfra.core.host_tier import HostTier, held_run
-from evinfra.core.kv_pool import KVPool, PrefixMatch
+from evinfra.core.kv_pool import RUN_LOOKBACK, KVPool, PrefixMatch
 
 _MAX_SHARED_MATCHES = 1 << 16
 
@@ -32,14 +33,19 @@ class PoolListener(Protocol):
     def on_device_many(self, block_hashes: Sequence[int], present: bool) -> None:
         """`on_device` for each hash in turn (a pool's commits or imports at once)."""
 
+    def on_freed_run(self, last_hash: int) -> None:
+        """The pool remembers a freed run ending at `last_hash` that its
+        `proven_prefix` can prove while it stays untouched."""
+
 
 class _NodeListener:
-    __slots__ = ("_bit", "_device", "_masks", "_owner")
+    __slots__ = ("_bit", "_device", "_masks", "_owner", "_run_ends")
 
     def __init__(self, bit: int, owner: GlobalBlockIndex) -> None:
         self._bit = bit
         self._device = owner._device
         self._masks = owner._masks
+        self._run_ends = owner._run_ends
         self._owner = owner
 
     def on_device(self, block_hash: int, present: bool) -> None:
@@ -50,10 +56,24 @@ class _NodeListener:
         _flip_many(self._device, block_hashes, self._bit, present, self._masks)
         self._owner.version += 1
 
+    def on_freed_run(self, last_hash: int) -> None:
+        # a hint only, never cleared per run: a stale entry costs one proof that fails
+        ends = self._run_ends
+        if len(ends) > _MAX_RUN_ENDS:
+            ends.clear()
+        ends[last_hash] = ends.get(last_hash, 0) | self._bit
+
 
 _MAX_MASKS = 1 << 16
 """Distinct masks an index keeps one object for before it starts over (values stay right,
 only the sharing is lost)."""
+
+_MAX_RUN_ENDS = 1 << 16
+"""Freed-run ends an index remembers before it starts over (a pool keeps at most 1,024
+runs; a forgotten end only costs that run's proof)."""
+
+_MIN_PROOF_BLOCKS = 64
+"""Shorter prompts are walked: looking for proofs costs about as many lookups."""
 
 
 def _masks_to_fill(masks: dict[int, int]) -> dict[int, int]:
@@ -91,9 +111,18 @@ def _flip(table: dict[int, int], key: int, bit: int, present: bool, masks: dict[
 
 
 class GlobalBlockIndex:
-    def __init__(self, num_nodes: int) -> None:
+    def __init__(self, num_nodes: int, min_proof_blocks: int = _MIN_PROOF_BLOCKS) -> None:
         self.num_nodes = num_nodes
+        self.min_proof_blocks = min_proof_blocks
+        """Prompts shorter than this are walked, not proven (`_prove`)."""
+        self.num_proven = 0
+        """Node runs proven by their pools instead of walked, so far."""
         self._device: dict[int, int] = {}
+        self._pools: dict[int, KVPool] = {}
+        self._run_ends: dict[int, int] = {}
+        """Nodes (a mask) whose pool reported a freed run ending at each hash: a prompt
+        ending shortly after one may be proven held up to there by that pool
+        (`KVPool.proven_prefix`) instead of walked."""
         self._host_tables: dict[int, Mapping[int, None]] = {}
         """Per node with a host tier, what the tier holds (`HostTier.contents`), read for
         the node's run where its device run ends."""
@@ -122,6 +151,7 @@ class GlobalBlockIndex:
         """Make `pool` report to this index as node `node_id` (its current content too)."""
         listener = self.listener(node_id)
         pool.listener = listener
+        self._pools[node_id] = pool
         for h in pool.cached_hashes():
             listener.on_device(h, True)
         self.attach_host(pool.host, node_id)
@@ -162,9 +192,39 @@ class GlobalBlockIndex:
             return self._memo[node_id]
         return None
 
+    def _prove(self, hashes: tuple[int, ...], device_len: list[int]) -> int:
+        """The nodes (a mask) whose pools prove a leading run of `hashes` held on device
+        without a lookup per block (`KVPool.proven_prefix`: a freed run ending near the
+        prompt's end, still untouched), with each one's proven length written into
+        `device_len`. These are the long runs of a session's next prompt (the nodes that
+        prefilled and decoded its last call), which a walk reads block by block in a
+        table of every node's blocks."""
+        ends = self._run_ends
+        if len(hashes) < self.min_proof_blocks or not ends:
+            return 0
+        told = reduce(or_, map(ends.get, hashes[-RUN_LOOKBACK:], repeat(0)), 0)
+        proven = 0
+        pools = self._pools
+        for node in _bits(told):
+            pool = pools.get(node)
+            run = pool.proven_prefix(hashes) if pool is not None else 0
+            if run:
+                device_len[node] = run
+                proven |= 1 << node
+        if proven:
+            self.num_proven += proven.bit_count()
+        return proven
+
     def _match_all(self, hashes: Sequence[int]) -> list[PrefixMatch]:
         n = self.num_nodes
-        device_len = _runs_by_node(map(self._device.get, hashes, repeat(0)), (1 << n) - 1, [0] * n)
+        mask_of = self._device.get
+        device_len = [0] * n
+        proven = self._prove(hashes, device_len) if type(hashes) is tuple else 0
+        _runs_by_node(map(mask_of, hashes, repeat(0)), ((1 << n) - 1) & ~proven, device_len)
+        for node in _bits(proven):  # on from the proof: usually no further
+            start = device_len[node]
+            masks = map(mask_of, islice(hashes, start, None), repeat(0))
+            device_len[node] = start + len(list(takewhile((1 << node).__and__, masks)))
         shared = self._shared
         if len(shared) > _MAX_SHARED_MATCHES:
             shared.clear()

@@ -43,7 +43,7 @@ _Memo = tuple[tuple[int, ...], int, int, int, int, PrefixMatch]
 """(prompt, version, removals, host copies offloaded, host size, match) when matched."""
 _MAX_MEMOS = 256
 _MAX_FREED_RUNS = 1024
-_MAX_RUN_LOOKBACK = 32
+RUN_LOOKBACK = 32
 """How far from the end of a cached prefix `_locate` looks for a freed run ending there."""
 
 
@@ -88,6 +88,8 @@ class PoolListenerLike(Protocol):
     def on_device(self, block_hash: int, present: bool) -> None: ...
 
     def on_device_many(self, block_hashes: Sequence[int], present: bool) -> None: ...
+
+    def on_freed_run(self, last_hash: int) -> None: ...
 
 
 class KVPool:
@@ -197,14 +199,14 @@ class KVPool:
         host = self.host
         memo = self._memos.get(id(hashes))
         if memo is None or memo[0] is not hashes:
-            match = self._match(hashes, None, self._proven(hashes))
+            match = self._match(hashes, None, self.proven_prefix(hashes))
         elif memo[1] == self._version and memo[3] == host.num_offloaded and memo[4] == len(host):
             match = memo[5]  # still current: remembering it again would change nothing
             return match if limit is None else match.truncated(limit)
         elif memo[2] == self._num_removals and host.num_offloaded - memo[3] == len(host) - memo[4]:
             match = self._match(hashes, None, memo[5].num_device_blocks)
         else:
-            match = self._match(hashes, None, self._proven(hashes))
+            match = self._match(hashes, None, self.proven_prefix(hashes))
         self._remember(hashes, match)
         return match if limit is None else match.truncated(limit)
 
@@ -228,7 +230,7 @@ class KVPool:
             match,
         )
 
-    def _proven(self, hashes: tuple[int, ...]) -> int:
+    def proven_prefix(self, hashes: tuple[int, ...]) -> int:
         """How many leading `hashes` are indexed, known without a lookup for each: those
         of a freed run ending at one of the last hashes that is still untouched (its
         blocks hold what they held when freed, compared as one tuple) and the head before
@@ -238,7 +240,7 @@ class KVPool:
         if not self._marked:
             return 0
         runs = self._freed_runs
-        for end in range(len(hashes), max(0, len(hashes) - _MAX_RUN_LOOKBACK), -1):
+        for end in range(len(hashes), max(0, len(hashes) - RUN_LOOKBACK), -1):
             run = runs.get(hashes[end - 1])
             if run is None or len(run.block_ids) != end:
                 continue
@@ -307,7 +309,7 @@ class KVPool:
         rest block by block (a block holding a hash is the index's entry for it); the
         few blocks after it (a context grown since, a prefix pulled) are looked up."""
         runs, index = self._freed_runs, self._index
-        for end in range(len(hashes), max(0, len(hashes) - _MAX_RUN_LOOKBACK), -1):
+        for end in range(len(hashes), max(0, len(hashes) - RUN_LOOKBACK), -1):
             run = runs.get(hashes[end - 1])
             if run is None or len(run.block_ids) != end:
                 continue
@@ -381,6 +383,8 @@ class KVPool:
         runs[last] = _FreedRun(_as_list(block_ids[:end]), start, hashes, mark)
         if len(runs) > _MAX_FREED_RUNS:
             runs.popitem(last=False)
+        if mark and self.listener is not None:  # a run `proven_prefix` can prove
+            self.listener.on_freed_run(last)
 
     def _acquire_located(
         self,
