@@ -230,13 +230,15 @@ class KVPool:
             match,
         )
 
-    def proven_prefix(self, hashes: tuple[int, ...]) -> int:
+    def proven_prefix(self, hashes: tuple[int, ...], known: int = 0) -> int:
         """How many leading `hashes` are indexed, known without a lookup for each: those
         of a freed run ending at one of the last hashes that is still untouched (its
         blocks hold what they held when freed, compared as one tuple) and the head before
         it, looked up; 0 when no such run is known. Lost content (eviction under
         pressure) makes a remembered match stale, and a walk of the whole prompt in a
-        dict of the pool's every hash costs a cache miss or two per hash."""
+        dict of the pool's every hash costs a cache miss or two per hash. The first
+        `known` hashes are known to be indexed (the caller has seen them): not looked
+        up."""
         if not self._marked:
             return 0
         runs = self._freed_runs
@@ -246,7 +248,10 @@ class KVPool:
                 continue
             start = run.start
             if self._untouched(run) and run.hashes == hashes[start:end]:
-                head = len(list(takewhile(self._index.__contains__, hashes[:start])))
+                if start <= known:
+                    return end
+                indexed = takewhile(self._index.__contains__, islice(hashes, known, start))
+                head = known + len(list(indexed))
                 return end if head == start else head
         return 0
 

@@ -27,7 +27,7 @@ class _Cluster:
 
     def __init__(self, kind: str, num_nodes: int, num_blocks: int) -> None:
         self.pools = [KVPool(num_blocks, 8, _eviction(kind)) for _ in range(num_nodes)]
-        self.index = GlobalBlockIndex(num_nodes, min_proof_blocks=0)
+        self.index = GlobalBlockIndex(num_nodes, min_proof_blocks=0, min_head_blocks=2)
         for i, pool in enumerate(self.pools):
             self.index.attach(pool, i)
         self.contexts: dict[int, tuple[int, ...]] = {}
@@ -46,8 +46,10 @@ class _Cluster:
         ids = pool.try_acquire_and_allocate(prompt[:cached], len(prompt) - cached + num_tail)
         if ids is None:
             return
-        pool.commit_many(ids[cached : len(prompt)], prompt[cached:])
-        pool.free(ids, held_hashes=prompt)
+        added = pool.commit_many(ids[cached : len(prompt)], prompt[cached:])
+        # as the scheduler tells it: the prefix known held, which a block that found its
+        # content already indexed elsewhere ends
+        pool.free(ids, held_hashes=prompt if added == len(prompt) - cached else prompt[:cached])
         self.contexts[session] = prompt
 
     def check(self) -> None:
@@ -101,17 +103,30 @@ def test_proven_runs_are_the_walk_of_each_node(
 
 
 def test_a_session_next_prompt_is_proven_not_walked() -> None:
-    """The nodes that served a session's last call prove its next prompt's runs; without
-    the proofs the same answers come from walks (num_proven stays 0)."""
-    cluster = _Cluster("lru", num_nodes=3, num_blocks=64)
+    """A shared head is walked once; past it, the nodes that served a session's last call
+    prove its next prompt's runs. Without heads or proofs the same answers come from
+    walks (no head remembered, num_proven 0)."""
+    cluster = _Cluster("lru", num_nodes=4, num_blocks=64)
+    index = cluster.index
+    for node in range(4):  # every node holds the shared head
+        cluster.call(10 + node, node, num_new=1, num_tail=0)
     cluster.call(0, node=1, num_new=20, num_tail=1)
     cluster.call(0, node=1, num_new=4, num_tail=1)
     cluster.pools[2].import_cached(cluster.contexts[0])  # copied, not freed: walked
-    prompt = cluster.contexts[0] + cluster.fresh(5)
-    got = cluster.index.match_all(prompt)
-    assert [m.num_device_blocks for m in got] == [0, 29, 29]
-    assert cluster.index.num_proven == 1
+
+    def runs() -> list[int]:
+        prompt = cluster.contexts[0] + cluster.fresh(5)
+        got = [m.num_device_blocks for m in index.match_all(prompt)]
+        assert got == [pool.match_prefix(list(prompt)).num_device_blocks for pool in cluster.pools]
+        return got
+
+    assert runs() == [5, 29, 29, 5]  # a walk from the first block, which finds the head
+    assert len(index.heads) == 1 and index.num_proven == 0
+    assert runs() == [5, 29, 29, 5]
+    assert index.num_proven == 1  # node 1's run; node 2's copy is walked from the head
     cluster.pools[1].drop(cluster.contexts[0][10:12])  # the run is touched: walked again
-    prompt = cluster.contexts[0] + cluster.fresh(5)
-    assert [m.num_device_blocks for m in cluster.index.match_all(prompt)] == [0, 10, 29]
-    assert cluster.index.num_proven == 1
+    assert runs() == [5, 10, 29, 5]
+    assert index.num_proven == 1
+    cluster.pools[3].drop(cluster.contexts[0][3:4])  # a head block changes: forgotten
+    assert len(index.heads) == 0
+    assert runs() == [5, 10, 29, 3]
