@@ -16,7 +16,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from functools import reduce
-from itertools import accumulate, islice, repeat, takewhile
+from itertools import accumulate, compress, islice, repeat, takewhile
 from operator import and_, neg, or_
 from typing import Protocol
 
@@ -78,7 +78,7 @@ _MAX_RUN_ENDS = 1 << 16
 runs; a forgotten end only costs that run's proof)."""
 
 _MIN_PROOF_BLOCKS = 64
-"""Shorter prompts are walked: looking for proofs costs about as many lookups."""
+"""Fewer blocks past a shared head are walked: looking for proofs costs as much."""
 
 
 def _masks_to_fill(masks: dict[int, int]) -> dict[int, int]:
@@ -137,7 +137,7 @@ class GlobalBlockIndex:
     ) -> None:
         self.num_nodes = num_nodes
         self.min_proof_blocks = min_proof_blocks
-        """Prompts shorter than this are walked, not proven (`_prove`)."""
+        """Past a shared head, fewer blocks than this are walked, not proven (`_prove`)."""
         self.num_proven = 0
         """Node runs proven by their pools instead of walked, so far."""
         self._device: dict[int, int] = {}
@@ -232,17 +232,22 @@ class GlobalBlockIndex:
         its last call), which a walk reads block by block in a table of every node's
         blocks."""
         ends = self._run_ends
-        if len(hashes) < self.min_proof_blocks or not ends:
-            return 0
-        told = reduce(or_, map(ends.get, hashes[-RUN_LOOKBACK:], repeat(0)), 0) & nodes
+        if len(hashes) - known < self.min_proof_blocks or not ends:
+            return 0  # a short walk costs less than looking for proofs
+        lo = max(known, len(hashes) - RUN_LOOKBACK)
+        # where reported runs end among the last hashes (in C), latest first
+        run_ends = list(
+            compress(range(lo + 1, len(hashes) + 1), map(ends.__contains__, hashes[lo:]))
+        )
         proven = 0
         pools = self._pools
-        for node in _bits(told):
-            pool = pools.get(node)
-            run = pool.proven_prefix(hashes, known) if pool is not None else 0
-            if run > known:
-                device_len[node] = run
-                proven |= 1 << node
+        for end in reversed(run_ends):
+            for node in _bits(ends.get(hashes[end - 1], 0) & nodes & ~proven):
+                pool = pools.get(node)
+                run = pool.proven_at(hashes, end, known) if pool is not None else 0
+                if run > known:
+                    device_len[node] = run
+                    proven |= 1 << node
         if proven:
             self.num_proven += proven.bit_count()
         return proven

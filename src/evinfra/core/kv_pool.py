@@ -243,17 +243,26 @@ class KVPool:
             return 0
         runs = self._freed_runs
         for end in range(len(hashes), max(0, len(hashes) - RUN_LOOKBACK), -1):
-            run = runs.get(hashes[end - 1])
-            if run is None or len(run.block_ids) != end:
-                continue
-            start = run.start
-            if self._untouched(run) and run.hashes == hashes[start:end]:
-                if start <= known:
-                    return end
-                indexed = takewhile(self._index.__contains__, islice(hashes, known, start))
-                head = known + len(list(indexed))
-                return end if head == start else head
+            if hashes[end - 1] in runs:
+                proven = self.proven_at(hashes, end, known)
+                if proven:
+                    return proven
         return 0
+
+    def proven_at(self, hashes: tuple[int, ...], end: int, known: int = 0) -> int:
+        """`proven_prefix` from the freed run ending at `hashes[end - 1]` only (the
+        cluster-wide index knows where its pools' runs end); 0 when there is none or it
+        was touched."""
+        run = self._freed_runs.get(hashes[end - 1])
+        if run is None or len(run.block_ids) != end or not self._marked:
+            return 0
+        start = run.start
+        if not self._untouched(run) or run.hashes != hashes[start:end]:
+            return 0
+        if start <= known:
+            return end
+        head = known + len(list(takewhile(self._index.__contains__, islice(hashes, known, start))))
+        return end if head == start else head
 
     def _match(self, hashes: Sequence[int], limit: int | None, start: int = 0) -> PrefixMatch:
         # the leading run of indexed hashes, counted in C (prompts run to 1,000s of blocks);
