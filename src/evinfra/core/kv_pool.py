@@ -43,7 +43,7 @@ _Memo = tuple[tuple[int, ...], int, int, int, int, PrefixMatch]
 """(prompt, version, removals, host copies offloaded, host size, match) when matched."""
 _MAX_MEMOS = 256
 _MAX_FREED_RUNS = 1024
-RUN_LOOKBACK = 32
+_MAX_RUN_LOOKBACK = 32
 """How far from the end of a cached prefix `_locate` looks for a freed run ending there."""
 
 
@@ -88,8 +88,6 @@ class PoolListenerLike(Protocol):
     def on_device(self, block_hash: int, present: bool) -> None: ...
 
     def on_device_many(self, block_hashes: Sequence[int], present: bool) -> None: ...
-
-    def on_freed_run(self, last_hash: int) -> None: ...
 
 
 class KVPool:
@@ -199,14 +197,14 @@ class KVPool:
         host = self.host
         memo = self._memos.get(id(hashes))
         if memo is None or memo[0] is not hashes:
-            match = self._match(hashes, None, self.proven_prefix(hashes))
+            match = self._match(hashes, None, self._proven(hashes))
         elif memo[1] == self._version and memo[3] == host.num_offloaded and memo[4] == len(host):
             match = memo[5]  # still current: remembering it again would change nothing
             return match if limit is None else match.truncated(limit)
         elif memo[2] == self._num_removals and host.num_offloaded - memo[3] == len(host) - memo[4]:
             match = self._match(hashes, None, memo[5].num_device_blocks)
         else:
-            match = self._match(hashes, None, self.proven_prefix(hashes))
+            match = self._match(hashes, None, self._proven(hashes))
         self._remember(hashes, match)
         return match if limit is None else match.truncated(limit)
 
@@ -230,39 +228,25 @@ class KVPool:
             match,
         )
 
-    def proven_prefix(self, hashes: tuple[int, ...], known: int = 0) -> int:
+    def _proven(self, hashes: tuple[int, ...]) -> int:
         """How many leading `hashes` are indexed, known without a lookup for each: those
         of a freed run ending at one of the last hashes that is still untouched (its
         blocks hold what they held when freed, compared as one tuple) and the head before
         it, looked up; 0 when no such run is known. Lost content (eviction under
         pressure) makes a remembered match stale, and a walk of the whole prompt in a
-        dict of the pool's every hash costs a cache miss or two per hash. The first
-        `known` hashes are known to be indexed (the caller has seen them): not looked
-        up."""
+        dict of the pool's every hash costs a cache miss or two per hash."""
         if not self._marked:
             return 0
         runs = self._freed_runs
-        for end in range(len(hashes), max(0, len(hashes) - RUN_LOOKBACK), -1):
-            if hashes[end - 1] in runs:
-                proven = self.proven_at(hashes, end, known)
-                if proven:
-                    return proven
+        for end in range(len(hashes), max(0, len(hashes) - _MAX_RUN_LOOKBACK), -1):
+            run = runs.get(hashes[end - 1])
+            if run is None or len(run.block_ids) != end:
+                continue
+            start = run.start
+            if self._untouched(run) and run.hashes == hashes[start:end]:
+                head = len(list(takewhile(self._index.__contains__, hashes[:start])))
+                return end if head == start else head
         return 0
-
-    def proven_at(self, hashes: tuple[int, ...], end: int, known: int = 0) -> int:
-        """`proven_prefix` from the freed run ending at `hashes[end - 1]` only (the
-        cluster-wide index knows where its pools' runs end); 0 when there is none or it
-        was touched."""
-        run = self._freed_runs.get(hashes[end - 1])
-        if run is None or len(run.block_ids) != end or not self._marked:
-            return 0
-        start = run.start
-        if not self._untouched(run) or run.hashes != hashes[start:end]:
-            return 0
-        if start <= known:
-            return end
-        head = known + len(list(takewhile(self._index.__contains__, islice(hashes, known, start))))
-        return end if head == start else head
 
     def _match(self, hashes: Sequence[int], limit: int | None, start: int = 0) -> PrefixMatch:
         # the leading run of indexed hashes, counted in C (prompts run to 1,000s of blocks);
@@ -323,7 +307,7 @@ class KVPool:
         rest block by block (a block holding a hash is the index's entry for it); the
         few blocks after it (a context grown since, a prefix pulled) are looked up."""
         runs, index = self._freed_runs, self._index
-        for end in range(len(hashes), max(0, len(hashes) - RUN_LOOKBACK), -1):
+        for end in range(len(hashes), max(0, len(hashes) - _MAX_RUN_LOOKBACK), -1):
             run = runs.get(hashes[end - 1])
             if run is None or len(run.block_ids) != end:
                 continue
@@ -397,8 +381,6 @@ class KVPool:
         runs[last] = _FreedRun(_as_list(block_ids[:end]), start, hashes, mark)
         if len(runs) > _MAX_FREED_RUNS:
             runs.popitem(last=False)
-        if mark and self.listener is not None:  # a run `proven_prefix` can prove
-            self.listener.on_freed_run(last)
 
     def _acquire_located(
         self,
