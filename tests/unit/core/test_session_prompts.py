@@ -7,28 +7,19 @@ offloaded or reused blocks since."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evinfra.core.eviction import EvictionPolicy, LRUEviction, ScoredEviction
 from evinfra.core.global_index import GlobalBlockIndex
 from evinfra.core.kv_pool import KVPool
-from evinfra.core.tiered_eviction import TieredEviction
+from tests.unit.core.test_freed_runs import make_eviction
 
 _SHARED = tuple(range(1, 6))
 """A system prompt every session starts with."""
-
-
-def _eviction(kind: str) -> EvictionPolicy:
-    if kind == "lru":
-        return LRUEviction()
-    if kind == "tiered":
-        return TieredEviction(lambda h: float(h % 3 == 0), [0.0, 1.0])
-    return ScoredEviction(lambda h: float(h % 2))
 
 
 class _Cluster:
     """Pools reporting to one index, and sessions whose contexts grow call by call."""
 
     def __init__(self, kind: str, num_nodes: int, num_blocks: int) -> None:
-        self.pools = [KVPool(num_blocks, 8, _eviction(kind)) for _ in range(num_nodes)]
+        self.pools = [KVPool(num_blocks, 8, make_eviction(kind)) for _ in range(num_nodes)]
         self.index = GlobalBlockIndex(num_nodes)
         for i, pool in enumerate(self.pools):
             self.index.attach(pool, i)
