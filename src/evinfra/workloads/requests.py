@@ -84,13 +84,44 @@ class _Entry:
     state: _ChainState
 
 
+_HEAD_SEGMENTS = 2
+"""How many leading segments of a prompt hashed from the root `PrefixHashCache` keeps the
+chain state of: a harness's shared head (system prompt, tool definitions) is one or two."""
+_MAX_HEADS = 64
+
+
 class PrefixHashCache:
     """Per (session, block size): the segments hashed by the session's last call (prompt
-    and output) and the chain state after them. LRU-bounded; results never depend on it."""
+    and output) and the chain state after them. LRU-bounded; results never depend on it.
+
+    Prompts hashed from the root (a session's first call, a compacted context) start from
+    a remembered state of their leading segments when another prompt began with them: the
+    sessions of one harness then share its head's hash objects as well as their values,
+    so a dict that holds such a hash (a pool's index, the cluster-wide index) finds it by
+    identity, where an equal object of its own would cost a comparison that reads both."""
 
     def __init__(self, max_entries: int = 8192) -> None:
         self._entries: OrderedDict[tuple[str, int], _Entry] = OrderedDict()
         self._max_entries = max_entries
+        self._heads: OrderedDict[tuple[int, tuple[Segment, ...]], _ChainState] = OrderedDict()
+
+    def _from_head(self, segments: tuple[Segment, ...], block_size: int) -> _ChainState:
+        """The chain state after up to `_HEAD_SEGMENTS` leading `segments` hashed from the
+        root, remembered (LRU) by block size and those segments."""
+        heads = self._heads
+        state = _EMPTY
+        for n in range(1, min(_HEAD_SEGMENTS, len(segments)) + 1):
+            key = (block_size, segments[:n])
+            known = heads.get(key)
+            if known is None:
+                known = _extend(state, segments[n - 1 : n], block_size)
+                heads[key] = known
+                if len(heads) > _MAX_HEADS:
+                    heads.popitem(last=False)
+            else:
+                heads.move_to_end(key)
+            state = known
+        return state
 
     def hash_call(
         self,
@@ -111,6 +142,9 @@ class PrefixHashCache:
             m = len(entry.segments)
             if m <= len(segments) and m > start and segments[:m] == entry.segments:
                 state, start = entry.state, m
+        if start == 0 and segments:
+            state = self._from_head(segments, block_size)
+            start = min(_HEAD_SEGMENTS, len(segments))
         prompt = _extend(state, segments[start:], block_size) if start < len(segments) else state
         after = _extend(prompt, (output,), block_size)
         own = (session_keys[0], block_size)

@@ -128,3 +128,22 @@ def test_cached_hashing_of_a_long_session_is_fast() -> None:
         make_request(i, plan, i, 64, True, cache=cache)
     per_call_s = (time.perf_counter() - t0) / len(plan.calls)
     assert per_call_s < 0.005
+
+
+def test_sessions_of_one_harness_share_their_heads_hash_objects() -> None:
+    """Prompts hashed from the root (first calls, compacted contexts) hold the harness's
+    shared head as the same int objects, so a dict keyed by them matches by identity."""
+    cache = PrefixHashCache()
+    plans = tracelab_plans(6)
+    head = len(segment_hashes(plans[0].calls[0].segments[:2], 64))
+    assert head > 100  # the interactive harness's system prompt and tools
+    first = make_request(0, plans[0], 0, 64, True, cache=cache).prompt_hashes
+    rooted = 0
+    for plan in plans:
+        for i, call in enumerate(plan.calls):
+            hashes = make_request(i, plan, i, 64, True, cache=cache).prompt_hashes
+            assert hashes == tuple(hash_segment_blocks(call.segments, 64)[0])
+            if i == 0 or call.context_event is ContextEvent.COMPACT:
+                rooted += 1
+                assert all(a is b for a, b in zip(hashes[:head], first[:head], strict=True))
+    assert rooted > len(plans)  # first calls and at least one compaction
