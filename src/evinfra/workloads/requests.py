@@ -105,12 +105,14 @@ class PrefixHashCache:
         self._max_entries = max_entries
         self._heads: OrderedDict[tuple[int, tuple[Segment, ...]], _ChainState] = OrderedDict()
 
-    def _from_head(self, segments: tuple[Segment, ...], block_size: int) -> _ChainState:
-        """The chain state after up to `_HEAD_SEGMENTS` leading `segments` hashed from the
-        root, remembered (LRU) by block size and those segments."""
+    def _from_head(self, segments: tuple[Segment, ...], block_size: int) -> tuple[_ChainState, int]:
+        """The chain state after the first up to `_HEAD_SEGMENTS` `segments` hashed from
+        the root, remembered (LRU) by block size and those segments; and how many it
+        covers."""
         heads = self._heads
         state = _EMPTY
-        for n in range(1, min(_HEAD_SEGMENTS, len(segments)) + 1):
+        covered = min(_HEAD_SEGMENTS, len(segments))
+        for n in range(1, covered + 1):
             key = (block_size, segments[:n])
             known = heads.get(key)
             if known is None:
@@ -121,7 +123,7 @@ class PrefixHashCache:
             else:
                 heads.move_to_end(key)
             state = known
-        return state
+        return state, covered
 
     def hash_call(
         self,
@@ -142,9 +144,8 @@ class PrefixHashCache:
             m = len(entry.segments)
             if m <= len(segments) and m > start and segments[:m] == entry.segments:
                 state, start = entry.state, m
-        if start == 0 and segments:
-            state = self._from_head(segments, block_size)
-            start = min(_HEAD_SEGMENTS, len(segments))
+        if start == 0:
+            state, start = self._from_head(segments, block_size)
         prompt = _extend(state, segments[start:], block_size) if start < len(segments) else state
         after = _extend(prompt, (output,), block_size)
         own = (session_keys[0], block_size)
