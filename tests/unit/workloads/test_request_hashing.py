@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from evinfra.core.blocks import Segment, hash_segment_blocks, hash_token_blocks
 from evinfra.core.types import ContextEvent
 from evinfra.workloads.coding import CodingGenerator, CodingParams
+from evinfra.workloads.computer_use import ComputerUseGenerator, ComputerUseParams
 from evinfra.workloads.requests import (
     PrefixHashCache,
     make_request,
@@ -147,3 +148,64 @@ def test_sessions_of_one_harness_share_their_heads_hash_objects() -> None:
                 rooted += 1
                 assert all(a is b for a, b in zip(hashes[:head], first[:head], strict=True))
     assert rooted > len(plans)  # first calls and at least one compaction
+
+
+@given(
+    st.lists(
+        st.lists(
+            st.builds(
+                Segment, st.integers(0, 6), st.one_of(st.integers(0, 9), st.integers(0, 300))
+            ),
+            max_size=8,
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.sampled_from([1, 3, 16, 64]),
+)
+@settings(max_examples=200, deadline=None)
+def test_a_session_whose_prompts_share_any_prefix_hashes_as_the_core(
+    prompts: list[list[Segment]], block_size: int
+) -> None:
+    """Each prompt keeps some leading segments of the last call's (prompt and output) and
+    changes the rest, as truncation and compaction do: the cache resumes at the shared
+    segments and the hashes still equal the core's."""
+    cache = PrefixHashCache()
+    for i, tail in enumerate(prompts):
+        out = Segment(100 + i, 37)
+        segments = (*tail,)
+        prompt, output, total = cache.hash_call(("s",), segments, out, block_size)
+        full, expected_total = hash_segment_blocks(segments, block_size)
+        assert prompt == tuple(full) and total == expected_total
+        with_out, _ = hash_segment_blocks((*segments, out), block_size)
+        assert output == tuple(with_out[len(full) :])
+        # The next prompt keeps a prefix of this call's segments (and maybe its output).
+        if i + 1 < len(prompts):
+            keep = len(prompts[i + 1]) % (len(segments) + 2)
+            prompts[i + 1] = [*(*segments, out)[:keep], *prompts[i + 1]]
+
+
+def test_a_truncated_prompt_keeps_its_sessions_hash_objects() -> None:
+    """Computer-use drops old screenshots after kept history: the blocks before the first
+    dropped one are the last call's own objects, not equal copies."""
+    gen = ComputerUseGenerator(ComputerUseParams(), seed=3)
+    cache = PrefixHashCache()
+    shared = 0
+    for s in range(20):
+        plan = gen.session(s, f"cu{s}")
+        last: tuple[int, ...] = ()
+        for i, call in enumerate(plan.calls):
+            hashes = make_request(i, plan, i, 64, True, cache=cache).prompt_hashes
+            assert hashes == tuple(hash_segment_blocks(call.segments, 64)[0])
+            if call.context_event is ContextEvent.TRUNCATE:
+                same = 0
+                for a, b in zip(hashes, last, strict=False):
+                    if a != b:
+                        break
+                    same += 1
+                head = len(segment_hashes(call.segments[:2], 64))
+                if same > head:
+                    shared += 1
+                    assert all(a is b for a, b in zip(hashes[:same], last[:same], strict=True))
+            last = hashes
+    assert shared > 10
