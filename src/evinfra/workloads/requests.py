@@ -4,8 +4,9 @@ Hashing long prompts is the simulator's hot path. Consecutive calls of a session
 almost their whole prompt (an append resends the previous prompt and output), so the
 hasher keeps, per session and block size, the hash-chain state reached after the last
 call's prompt and output, and resumes from it when the next prompt starts with the same
-segments. A prompt that does not (after compaction or truncation) is hashed from scratch,
-which costs one tuple hash per block. The hashes equal `core.blocks.hash_segment_blocks`
+segments. A prompt that does not (after compaction or truncation) resumes at the last
+segment it shares with the last call, or at a remembered harness head, and hashes the
+rest at one tuple hash per block. The hashes equal `core.blocks.hash_segment_blocks`
 exactly; the cache changes speed, never results.
 """
 
