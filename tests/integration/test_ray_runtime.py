@@ -409,12 +409,14 @@ def test_a_planner_actor_ray_cannot_place_leaves_the_planning_to_the_frontend(
 # -- the KV manager actor -------------------------------------------------------------------
 async def eviction_call(cluster: RayCluster, tokens: list[int], sid: str, tool_s: float) -> int:
     """One call of a session; returns its cached prompt tokens once the KV manager actor
-    has sent the actions of its finish to the node."""
+    has sent the actions of its finish to the node. The wait is long: a replacement actor
+    answers first after its process starts, which a loaded CI machine can stretch past the
+    default 10 s (a restart counted for a slow start, not a death)."""
     handle = cluster.generate(tokens, 1, hints=AgentHints(sid, expected_tool_s=tool_s))
     _, error = await collect(handle)
     assert error is None
     assert cluster.kv_remote is not None
-    await cluster.kv_remote.drain()
+    await cluster.kv_remote.drain(timeout_s=60.0)
     return handle.num_cached_tokens
 
 
