@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 ROOT_HASH = 0x5EED
 _MASK = (1 << 63) - 1
+
+_T = TypeVar("_T")
 
 
 def chain_hash(parent_hash: int, content: tuple[int, ...]) -> int:
@@ -75,8 +78,8 @@ def num_blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Number of leading equal entries of two hash lists."""
+def common_prefix_len(a: Sequence[_T], b: Sequence[_T]) -> int:
+    """Number of leading equal entries of two sequences (hash lists, segment tuples)."""
     n = min(len(a), len(b))
     if type(a) is not type(b) or type(a) not in (tuple, list):
         i = 0

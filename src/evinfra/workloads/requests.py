@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evinfra.core.blocks import ROOT_HASH, Segment
+from evinfra.core.blocks import ROOT_HASH, Segment, common_prefix_len
 from evinfra.core.types import AgentHints, Request
 from evinfra.workloads.ids import mix64
 from evinfra.workloads.types import SessionPlan
@@ -85,39 +85,32 @@ class _Entry:
     state: _ChainState
 
 
+def tail_runs(segments: Sequence[Segment], num_tail_tokens: int) -> tuple[int, ...]:
+    """The flat (content_id, start, end) runs of the last `num_tail_tokens` tokens of
+    `segments`: a partial block's content as `_extend` hashes it."""
+    runs: list[tuple[int, int, int]] = []
+    need = num_tail_tokens
+    for seg in reversed(segments):
+        if need == 0:
+            break
+        take = min(need, seg.num_tokens)
+        if take:
+            runs.append((seg.content_id, seg.num_tokens - take, seg.num_tokens))
+        need -= take
+    return tuple(v for run in reversed(runs) for v in run)
+
+
 def _state_at(entry: _Entry, num_segments: int, block_size: int) -> _ChainState:
     """The chain state after the first `num_segments` of `entry.segments`, rebuilt from the
     entry's own hashes (the same int objects): the full blocks those segments cover, and
     the partial block's runs read back from the segments that end it."""
     segments = entry.segments[:num_segments]
-    total = sum(seg.num_tokens for seg in segments if seg.num_tokens > 0)
+    total = sum(seg.num_tokens for seg in segments)
     num_full = total // block_size
     fill = total - num_full * block_size
-    pieces: list[tuple[int, int, int]] = []
-    left = fill
-    for seg in reversed(segments):
-        if left <= 0:
-            break
-        n = seg.num_tokens
-        if n <= 0:
-            continue
-        take = min(left, n)
-        pieces.append((seg.content_id, n - take, n))
-        left -= take
-    runs = tuple(x for piece in reversed(pieces) for x in piece)
     hashes = entry.state.hashes[:num_full]
     last_hash = hashes[-1] if hashes else ROOT_HASH
-    return _ChainState(hashes, last_hash, runs, fill, total)
-
-
-def _common_segments(a: tuple[Segment, ...], b: tuple[Segment, ...]) -> int:
-    """How many leading segments `a` and `b` share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    return _ChainState(hashes, last_hash, tail_runs(segments, fill), fill, total)
 
 
 _HEAD_SEGMENTS = 2
@@ -192,7 +185,7 @@ class PrefixHashCache:
             best: _Entry | None = None
             shared = min(_HEAD_SEGMENTS, len(segments))
             for entry in entries:
-                common = _common_segments(segments, entry.segments)
+                common = common_prefix_len(segments, entry.segments)
                 if common > shared:
                     best, shared = entry, common
             if best is not None:

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from evinfra.core.blocks import ROOT_HASH, Segment, chain_hash
+from evinfra.core.blocks import ROOT_HASH, Segment, chain_hash, common_prefix_len
 from evinfra.core.types import ContextEvent
 from evinfra.workloads.ids import text_key, trace_output_id
-from evinfra.workloads.requests import PrefixHashCache
+from evinfra.workloads.requests import PrefixHashCache, tail_runs
 from evinfra.workloads.traces import (
     MOONCAKE_BLOCK_TOKENS,
     TRACE_KIND,
@@ -281,7 +281,7 @@ class _Writer:
         before = parent_context or ()
         for i, call in enumerate(plan.calls):
             t_s += call.think_s
-            num_prefix = _common_len(call.segments, before)
+            num_prefix = common_prefix_len(call.segments, before)
             row: dict[str, Any] = {
                 "timestamp": round(t_s * 1000.0),
                 "input_length": call.num_prompt_tokens,
@@ -320,27 +320,5 @@ class _Writer:
         tail = num_tokens - len(hashes) * self.block_tokens
         if tail:
             parent = hashes[-1] if hashes else ROOT_HASH
-            chain.append(chain_hash(parent, _tail_runs(call.segments, tail)))
+            chain.append(chain_hash(parent, tail_runs(call.segments, tail)))
         return [self.block_ids.setdefault(h, len(self.block_ids)) for h in chain]
-
-
-def _tail_runs(segments: tuple[Segment, ...], num_tail_tokens: int) -> tuple[int, ...]:
-    """The (content_id, start, end) runs of the last `num_tail_tokens` tokens."""
-    runs: list[tuple[int, int, int]] = []
-    need = num_tail_tokens
-    for seg in reversed(segments):
-        if need == 0:
-            break
-        take = min(need, seg.num_tokens)
-        if take:
-            runs.append((seg.content_id, seg.num_tokens - take, seg.num_tokens))
-        need -= take
-    return tuple(v for run in reversed(runs) for v in run)
-
-
-def _common_len(a: tuple[Segment, ...], b: tuple[Segment, ...]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
