@@ -7,7 +7,12 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evinfra.core.blocks import Segment, hash_segment_blocks, hash_token_blocks
+from evinfra.core.blocks import (
+    Segment,
+    common_prefix_len,
+    hash_segment_blocks,
+    hash_token_blocks,
+)
 from evinfra.core.types import ContextEvent
 from evinfra.workloads.coding import CodingGenerator, CodingParams
 from evinfra.workloads.computer_use import ComputerUseGenerator, ComputerUseParams
@@ -198,11 +203,7 @@ def test_a_truncated_prompt_keeps_its_sessions_hash_objects() -> None:
             hashes = make_request(i, plan, i, 64, True, cache=cache).prompt_hashes
             assert hashes == tuple(hash_segment_blocks(call.segments, 64)[0])
             if call.context_event is ContextEvent.TRUNCATE:
-                same = 0
-                for a, b in zip(hashes, last, strict=False):
-                    if a != b:
-                        break
-                    same += 1
+                same = common_prefix_len(hashes, last)
                 head = len(segment_hashes(call.segments[:2], 64))
                 if same > head:
                     shared += 1
